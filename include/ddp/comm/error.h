@@ -1,0 +1,49 @@
+#pragma once
+
+/// The communication errors. Caller misuse raises `c10::Error` (as
+/// TORCH_CHECK does); a failure of the network or of a peer raises one of the
+/// `CommError` family below. After a CommError the process group that raised
+/// it is unusable and must be destroyed (the contract of Gloo's
+/// `docs/errors.md`): other ranks may be mid-collective with no way to resume.
+
+#include <stdexcept>
+#include <string>
+
+namespace ddp {
+
+/// Base of every communication failure.
+class CommError : public std::runtime_error {
+ public:
+  explicit CommError(const std::string& message) : std::runtime_error(message) {}
+};
+
+/// An operation ran past its deadline.
+class TimeoutError : public CommError {
+ public:
+  explicit TimeoutError(const std::string& message) : CommError(message) {}
+};
+
+/// A peer failed: it closed its connection, died, or reported an error.
+class RemoteError : public CommError {
+ public:
+  /// `peer_rank` is -1 when the failed peer is not known.
+  RemoteError(const std::string& message, int peer_rank)
+      : CommError(message), peer_rank_(peer_rank) {}
+
+  /// The rank of the peer that failed, or -1 when it is not known.
+  int peer_rank() const noexcept {
+    return peer_rank_;
+  }
+
+ private:
+  int peer_rank_;
+};
+
+/// A local I/O failure: a socket or file operation returned an error, or a
+/// peer sent a message that does not parse.
+class IoError : public CommError {
+ public:
+  explicit IoError(const std::string& message) : CommError(message) {}
+};
+
+} // namespace ddp

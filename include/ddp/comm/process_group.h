@@ -1,0 +1,157 @@
+#pragma once
+
+/// `ProcessGroup`: the ranks of a job and the collectives they run together.
+
+#include <ATen/core/Tensor.h>
+
+#include <chrono>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include <ddp/comm/types.h>
+#include <ddp/comm/work.h>
+
+namespace ddp {
+
+/// A fixed set of `size()` processes, each with a `rank()` in [0, size), that
+/// run collectives together.
+///
+/// Contract (as torch.distributed's): every rank issues the same collectives
+/// in the same order, with tensors of the same dtype and element count (and
+/// the same root). Each collective gets the next number of a per-group
+/// sequence counter that only goes up; that number tags its messages and
+/// names it in errors ("[rank 1/4] allreduce #12 timed out after 30000 ms").
+/// Point-to-point `send`/`recv` are outside that order: they are matched by
+/// (peer, tag).
+///
+/// Every collective is asynchronous: it checks its arguments on the caller's
+/// thread (throwing `c10::Error` on misuse), queues the operation and returns
+/// a `Work`. Tensors are reduced and written in place; "in place" means the
+/// tensor's storage, so pass the tensor itself, not a copy. Tensors must be
+/// contiguous.
+///
+/// Every operation has a deadline: the group's `timeout()` unless the call's
+/// options give another. Past it the operation fails with `TimeoutError`.
+/// After any `CommError` the group is unusable and must be destroyed.
+///
+/// Thread-safety: the methods may be called from several threads, but the
+/// order in which collectives are issued must be the same on every rank, so a
+/// program that issues them from several threads must order those threads
+/// itself.
+class ProcessGroup {
+ public:
+  ProcessGroup(int rank, int size, std::chrono::milliseconds timeout);
+  virtual ~ProcessGroup();
+
+  ProcessGroup(const ProcessGroup&) = delete;
+  ProcessGroup& operator=(const ProcessGroup&) = delete;
+
+  /// This process's rank in [0, size()).
+  int rank() const {
+    return rank_;
+  }
+  /// The number of ranks.
+  int size() const {
+    return size_;
+  }
+  /// The default deadline of every operation.
+  std::chrono::milliseconds timeout() const {
+    return timeout_;
+  }
+  /// "gloo" or "nccl".
+  virtual std::string backend_name() const = 0;
+
+  /// Reduces `tensor` across ranks in place; every rank gets the result.
+  virtual std::shared_ptr<Work> allreduce(
+      const at::Tensor& tensor,
+      const AllreduceOptions& options = {}) = 0;
+
+  /// Reduces each tensor of `tensors` in place as one operation. The tensors
+  /// may differ in shape but must share dtype and device.
+  virtual std::shared_ptr<Work> allreduce_coalesced(
+      const std::vector<at::Tensor>& tensors,
+      const AllreduceOptions& options = {}) = 0;
+
+  /// Copies the root's `tensor` into `tensor` on every other rank.
+  virtual std::shared_ptr<Work> broadcast(
+      const at::Tensor& tensor,
+      const BroadcastOptions& options = {}) = 0;
+
+  /// Reduces `tensor` across ranks into the root's `tensor`; other ranks'
+  /// tensors are left unspecified (they may hold partial results).
+  virtual std::shared_ptr<Work> reduce(
+      const at::Tensor& tensor,
+      const ReduceOptions& options = {}) = 0;
+
+  /// Gathers every rank's `input` into `outputs[r]` on every rank. `outputs`
+  /// holds size() tensors shaped like `input`.
+  virtual std::shared_ptr<Work> allgather(
+      const std::vector<at::Tensor>& outputs,
+      const at::Tensor& input,
+      const AllgatherOptions& options = {}) = 0;
+
+  /// Gathers every rank's `input` into one tensor `output` of size() times
+  /// its elements, rank r's at offset r * input.numel().
+  virtual std::shared_ptr<Work> allgather_into_tensor(
+      const at::Tensor& output,
+      const at::Tensor& input,
+      const AllgatherOptions& options = {}) = 0;
+
+  /// Gathers every rank's `input` into `outputs[r]` on the root. `outputs`
+  /// holds size() tensors on the root and must be empty elsewhere.
+  virtual std::shared_ptr<Work> gather(
+      const std::vector<at::Tensor>& outputs,
+      const at::Tensor& input,
+      const GatherOptions& options = {}) = 0;
+
+  /// Copies the root's `inputs[r]` into `output` on rank r. `inputs` holds
+  /// size() tensors on the root and must be empty elsewhere.
+  virtual std::shared_ptr<Work> scatter(
+      const at::Tensor& output,
+      const std::vector<at::Tensor>& inputs,
+      const ScatterOptions& options = {}) = 0;
+
+  /// Reduces `inputs[r]` across ranks into `output` on rank r. `inputs` holds
+  /// size() tensors shaped like `output`.
+  virtual std::shared_ptr<Work> reduce_scatter(
+      const at::Tensor& output,
+      const std::vector<at::Tensor>& inputs,
+      const ReduceScatterOptions& options = {}) = 0;
+
+  /// Splits `input` along its first dimension into size() equal chunks, sends
+  /// chunk r to rank r, and writes the chunk from rank r into chunk r of
+  /// `output`.
+  virtual std::shared_ptr<Work> alltoall(
+      const at::Tensor& output,
+      const at::Tensor& input,
+      const AlltoallOptions& options = {}) = 0;
+
+  /// Completes once every rank has called it.
+  virtual std::shared_ptr<Work> barrier(const BarrierOptions& options = {}) = 0;
+
+  /// Sends `tensor` to rank `dst_rank`; matched by a `recv` with the same tag.
+  virtual std::shared_ptr<Work> send(
+      const at::Tensor& tensor,
+      int dst_rank,
+      const PointToPointOptions& options = {}) = 0;
+
+  /// Receives into `tensor` from rank `src_rank`.
+  virtual std::shared_ptr<Work> recv(
+      const at::Tensor& tensor,
+      int src_rank,
+      const PointToPointOptions& options = {}) = 0;
+
+ protected:
+  /// "[rank R/W]", the prefix of every message about this group.
+  std::string rank_prefix() const;
+  /// The deadline to use: `requested` unless it is kUseGroupTimeout.
+  std::chrono::milliseconds resolve_timeout(std::chrono::milliseconds requested) const;
+
+ private:
+  const int rank_;
+  const int size_;
+  const std::chrono::milliseconds timeout_;
+};
+
+} // namespace ddp

@@ -1,0 +1,99 @@
+#pragma once
+
+/// The Gloo backend: collectives over TCP between CPU processes.
+
+#include <torch/arg.h>
+
+#include <chrono>
+#include <memory>
+#include <string>
+
+#include <ddp/comm/process_group.h>
+#include <ddp/comm/store.h>
+
+namespace ddp {
+
+/// Options of `ProcessGroupGloo::create`.
+/// Example:
+/// `ddp::ProcessGroupGloo::create(store, rank, size, ddp::ProcessGroupGlooOptions().interface("eth0"))`
+struct ProcessGroupGlooOptions {
+  /// Deadline of rendezvous and default deadline of every operation.
+  /// Default: kDefaultTimeout (30 minutes).
+  TORCH_ARG(std::chrono::milliseconds, timeout) = kDefaultTimeout;
+  /// Network interface to bind (e.g. "eth0"). Default: "" (DDP_SOCKET_IFNAME
+  /// or GLOO_SOCKET_IFNAME if set, else the address given by `hostname`, else
+  /// the interface that reaches `master_addr`, else this host's name).
+  TORCH_ARG(std::string, interface) = "";
+  /// Address or host name to bind. Default: "" (see `interface`).
+  TORCH_ARG(std::string, hostname) = "";
+  /// Rank 0's host; only used to find the interface that reaches it.
+  /// Default: "".
+  TORCH_ARG(std::string, master_addr) = "";
+  /// Name of the group; prefixes its keys in the store. Default: "default".
+  TORCH_ARG(std::string, group_name) = "default";
+};
+
+/// A ProcessGroup over Gloo.
+///
+/// Collectives run asynchronously, one at a time and in issue order, on one
+/// worker thread per group, using Gloo's own algorithms (ring allreduce and
+/// friends) with the group's deadline. CUDA tensors are staged through pinned
+/// host memory. `send`/`recv` start at once and complete in `Work::wait`.
+///
+/// Thread-safety: as ProcessGroup. The destructor finishes queued work (each
+/// bounded by its deadline), then closes all connections.
+class ProcessGroupGloo : public ProcessGroup {
+  struct PrivateTag {};
+
+ public:
+  /// Meets the other `size - 1` ranks through `store` and connects to each.
+  /// Throws `TimeoutError` naming the ranks that never arrived when
+  /// rendezvous does not complete within `options.timeout()`.
+  static std::shared_ptr<ProcessGroupGloo> create(
+      std::shared_ptr<Store> store,
+      int rank,
+      int size,
+      const ProcessGroupGlooOptions& options = {});
+
+  /// Use `create`.
+  ProcessGroupGloo(PrivateTag, std::shared_ptr<Store> store, int rank, int size,
+                   const ProcessGroupGlooOptions& options);
+  ~ProcessGroupGloo() override;
+
+  std::string backend_name() const override {
+    return "gloo";
+  }
+
+  std::shared_ptr<Work> allreduce(const at::Tensor& tensor, const AllreduceOptions& options = {}) override;
+  std::shared_ptr<Work> allreduce_coalesced(
+      const std::vector<at::Tensor>& tensors, const AllreduceOptions& options = {}) override;
+  std::shared_ptr<Work> broadcast(const at::Tensor& tensor, const BroadcastOptions& options = {}) override;
+  std::shared_ptr<Work> reduce(const at::Tensor& tensor, const ReduceOptions& options = {}) override;
+  std::shared_ptr<Work> allgather(
+      const std::vector<at::Tensor>& outputs, const at::Tensor& input,
+      const AllgatherOptions& options = {}) override;
+  std::shared_ptr<Work> allgather_into_tensor(
+      const at::Tensor& output, const at::Tensor& input, const AllgatherOptions& options = {}) override;
+  std::shared_ptr<Work> gather(
+      const std::vector<at::Tensor>& outputs, const at::Tensor& input,
+      const GatherOptions& options = {}) override;
+  std::shared_ptr<Work> scatter(
+      const at::Tensor& output, const std::vector<at::Tensor>& inputs,
+      const ScatterOptions& options = {}) override;
+  std::shared_ptr<Work> reduce_scatter(
+      const at::Tensor& output, const std::vector<at::Tensor>& inputs,
+      const ReduceScatterOptions& options = {}) override;
+  std::shared_ptr<Work> alltoall(
+      const at::Tensor& output, const at::Tensor& input, const AlltoallOptions& options = {}) override;
+  std::shared_ptr<Work> barrier(const BarrierOptions& options = {}) override;
+  std::shared_ptr<Work> send(
+      const at::Tensor& tensor, int dst_rank, const PointToPointOptions& options = {}) override;
+  std::shared_ptr<Work> recv(
+      const at::Tensor& tensor, int src_rank, const PointToPointOptions& options = {}) override;
+
+ private:
+  class Impl;
+  std::unique_ptr<Impl> impl_;
+};
+
+} // namespace ddp

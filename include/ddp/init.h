@@ -1,0 +1,103 @@
+#pragma once
+
+/// Starting and ending the default process group: `init_process_group()`.
+
+#include <chrono>
+#include <memory>
+#include <string>
+
+#include <torch/arg.h>
+
+#include <ddp/comm/process_group.h>
+#include <ddp/comm/store.h>
+#include <ddp/comm/types.h>
+
+namespace ddp {
+
+/// Which communication backend a process group uses.
+enum class Backend {
+  /// NCCL when this build has it and a CUDA device is present, else Gloo.
+  kAuto,
+  /// Gloo: CPU tensors (CUDA tensors are staged through host memory).
+  kGloo,
+  /// NCCL: CUDA tensors, one GPU per process.
+  kNccl,
+};
+
+/// "auto", "gloo" or "nccl".
+std::string to_string(Backend backend);
+
+/// Options of `init_process_group`.
+/// Example:
+/// `ddp::init_process_group(ddp::InitOptions().backend(ddp::Backend::kGloo).timeout(std::chrono::minutes(5)))`
+struct InitOptions {
+  /// The backend. Default: Backend::kAuto.
+  TORCH_ARG(Backend, backend) = Backend::kAuto;
+  /// Deadline of rendezvous and the default deadline of every collective.
+  /// Default: 30 minutes (kDefaultTimeout), as PyTorch.
+  TORCH_ARG(std::chrono::milliseconds, timeout) = kDefaultTimeout;
+  /// Name of the group; its keys in the store are prefixed with it, so that
+  /// several groups can share one store. Default: "default".
+  TORCH_ARG(std::string, group_name) = "default";
+};
+
+/// Where this process stands in the job, as read from the environment.
+struct WorldInfo {
+  /// Global rank. Default: 0.
+  int rank = 0;
+  /// Number of processes. Default: 1.
+  int world_size = 1;
+  /// Rank on this node; picks the GPU. Default: 0.
+  int local_rank = 0;
+  /// Processes on this node. Default: 1.
+  int local_world_size = 1;
+  /// Host of rank 0's TCP store; empty in a world of size 1 with no launcher.
+  std::string master_addr;
+  /// Port of rank 0's TCP store; 0 when not set.
+  int master_port = 0;
+  /// Where the values came from: "torchrun", "slurm", "openmpi" or "none".
+  std::string source = "none";
+};
+
+/// Reads RANK, WORLD_SIZE, LOCAL_RANK, LOCAL_WORLD_SIZE, MASTER_ADDR and
+/// MASTER_PORT (torchrun's and ddprun's names); when RANK and WORLD_SIZE are
+/// absent, Slurm's SLURM_PROCID/SLURM_NTASKS/SLURM_LOCALID, then Open MPI's
+/// OMPI_COMM_WORLD_*; with none of them, a world of size 1. Throws one
+/// `c10::Error` that lists what was found and what is needed when a variable
+/// is malformed, out of range or missing.
+WorldInfo world_info_from_env();
+
+/// Creates the default process group from the environment (env://): a
+/// TCPStore at MASTER_ADDR:MASTER_PORT served by rank 0, then the backend's
+/// rendezvous through it. With no launcher variables set at all, forms a
+/// world of size 1 without touching the network, so the same program runs
+/// alone. Returns the group, which stays the default until
+/// `destroy_process_group()`. Throws if a default group already exists.
+std::shared_ptr<ProcessGroup> init_process_group(const InitOptions& options = {});
+
+/// Creates the default process group over an explicit `store`.
+std::shared_ptr<ProcessGroup> init_process_group(
+    std::shared_ptr<Store> store,
+    int rank,
+    int world_size,
+    const InitOptions& options = {});
+
+/// Creates a process group over `store` without making it the default.
+std::shared_ptr<ProcessGroup> new_process_group(
+    std::shared_ptr<Store> store,
+    int rank,
+    int world_size,
+    const InitOptions& options = {});
+
+/// Ends the default process group: waits (up to its timeout) for queued work,
+/// closes its connections and forgets it. A no-op when none exists.
+void destroy_process_group();
+
+/// True between `init_process_group` and `destroy_process_group`.
+bool is_initialized();
+
+/// The default process group. Throws a `c10::Error` saying that
+/// `init_process_group()` must be called first when there is none.
+std::shared_ptr<ProcessGroup> default_process_group();
+
+} // namespace ddp

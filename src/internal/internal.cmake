@@ -1,0 +1,1 @@
+ddp_add_part(ddp_internal src/internal/internal.cpp)

@@ -1,0 +1,73 @@
+// ddprun: starts the ranks of a ddp job on one node, as torchrun does.
+//
+// Usage: ddprun --nproc-per-node 4 ./train --epochs 3
+// starts ./train four times with RANK, WORLD_SIZE, LOCAL_RANK, ... set, and
+// prints their output with "[rank R]: " in front of each line. See
+// docs/launcher.md for every flag and variable.
+
+#include <fcntl.h>
+#include <unistd.h>
+
+#include <cerrno>
+#include <cstdio>
+#include <cstdlib>
+#include <exception>
+#include <string>
+#include <vector>
+
+#include "launch/options.h"
+#include "launch/supervisor.h"
+
+namespace {
+
+// Exit codes, as the shell and torchrun's argparse use them.
+constexpr int kExitFailure = 1;
+constexpr int kExitUsage = 2;
+
+// A descriptor 0-2 that ddprun was started without would be taken by the
+// first pipe it opens, and a rank would then write its output into the wrong
+// pipe. /dev/null fills the gap.
+void ensure_standard_fds_open() {
+  for (int fd = 0; fd <= 2; ++fd) {
+    if (::fcntl(fd, F_GETFD) < 0 && errno == EBADF) {
+      ::open("/dev/null", fd == 0 ? O_RDONLY : O_WRONLY); // takes the lowest free: fd
+    }
+  }
+}
+
+} // namespace
+
+int main(int argc, char** argv) {
+  using namespace ddp::launch;
+  ensure_standard_fds_open();
+
+  CommandLine command_line;
+  try {
+    command_line = parse_command_line(std::vector<std::string>(argv + 1, argv + argc));
+  } catch (const UsageError& e) {
+    std::fprintf(stderr,
+                 "ddprun: %s\n"
+                 "usage: ddprun [options] [--] program [args...]\n"
+                 "Run 'ddprun --help' for the options.\n",
+                 e.what());
+    return kExitUsage;
+  }
+  if (command_line.help) {
+    std::fputs(usage_text(), stdout);
+    return 0;
+  }
+
+  LaunchOptions& options = command_line.options;
+  if (env_flag_is_set(std::getenv("DDPRUN_NO_PREFIX"))) {
+    options.prefix_output = false;
+  }
+  try {
+    if (!options.master_port) {
+      options.master_port = pick_free_port(options.master_addr);
+    }
+    return run_ranks(options);
+  } catch (const std::exception& e) {
+    std::fprintf(stderr, "ddprun: %s\n", e.what());
+    return kExitFailure;
+  }
+}

@@ -1,0 +1,243 @@
+#include "launch/options.h"
+
+#include <netdb.h>
+#include <netinet/in.h>
+#include <sys/socket.h>
+
+#include <algorithm>
+#include <cerrno>
+#include <charconv>
+#include <climits>
+#include <cmath>
+#include <cstdlib>
+#include <cstring>
+#include <memory>
+
+#include "launch/unique_fd.h"
+
+namespace ddp::launch {
+namespace {
+
+// --grace-period is given in seconds; a day is far more than any rank needs to
+// flush, and keeps the milliseconds well inside an int64.
+constexpr double kMaxGracePeriodSeconds = 24 * 3600;
+
+std::string quoted(const std::string& value) {
+  return "'" + value + "'";
+}
+
+int parse_int(const std::string& flag, const std::string& text, int min_value, int max_value) {
+  int value = 0;
+  const char* begin = text.data();
+  const char* end = begin + text.size();
+  auto [last, error] = std::from_chars(begin, end, value);
+  if (text.empty() || error != std::errc() || last != end || value < min_value ||
+      value > max_value) {
+    std::string range = max_value == INT_MAX
+        ? "an integer >= " + std::to_string(min_value)
+        : "an integer from " + std::to_string(min_value) + " to " + std::to_string(max_value);
+    throw UsageError(flag + " must be " + range + " (got " + quoted(text) + ")");
+  }
+  return value;
+}
+
+std::chrono::milliseconds parse_seconds(const std::string& flag, const std::string& text) {
+  char* last = nullptr;
+  errno = 0;
+  double seconds = text.empty() ? -1 : std::strtod(text.c_str(), &last);
+  if (text.empty() || errno != 0 || *last != '\0' || !std::isfinite(seconds) || seconds < 0 ||
+      seconds > kMaxGracePeriodSeconds) {
+    throw UsageError(flag + " must be a number of seconds from 0 to " +
+                     std::to_string(static_cast<int>(kMaxGracePeriodSeconds)) + " (got " +
+                     quoted(text) + ")");
+  }
+  return std::chrono::milliseconds(std::llround(seconds * 1000));
+}
+
+} // namespace
+
+CommandLine parse_command_line(const std::vector<std::string>& args) {
+  CommandLine result;
+  LaunchOptions& options = result.options;
+  bool have_nproc = false;
+
+  size_t i = 0;
+  for (; i < args.size(); ++i) {
+    const std::string& arg = args[i];
+    if (arg == "--") {
+      ++i;
+      break;
+    }
+    if (arg == "-h" || arg == "--help") {
+      result.help = true;
+      return result;
+    }
+    if (arg.size() < 2 || arg[0] != '-') {
+      break; // The program: everything from here on is its command line.
+    }
+    if (arg.compare(0, 2, "--") != 0) {
+      throw UsageError("unknown option " + quoted(arg));
+    }
+
+    // Split --flag=value, and spell the flag with dashes only, so that
+    // torchrun's --nproc_per_node is the same flag as --nproc-per-node.
+    std::string flag = arg;
+    std::optional<std::string> inline_value;
+    if (size_t eq = arg.find('='); eq != std::string::npos) {
+      flag = arg.substr(0, eq);
+      inline_value = arg.substr(eq + 1);
+    }
+    std::replace(flag.begin(), flag.end(), '_', '-');
+    auto value = [&]() -> std::string {
+      if (inline_value) {
+        return *inline_value;
+      }
+      if (i + 1 >= args.size()) {
+        throw UsageError("option " + flag + " needs a value");
+      }
+      return args[++i];
+    };
+
+    if (flag == "--nproc-per-node") {
+      options.nproc_per_node = parse_int(flag, value(), 1, INT_MAX);
+      have_nproc = true;
+    } else if (flag == "--nnodes") {
+      options.nnodes = parse_int(flag, value(), 1, INT_MAX);
+    } else if (flag == "--node-rank") {
+      options.node_rank = parse_int(flag, value(), 0, INT_MAX);
+    } else if (flag == "--master-addr") {
+      options.master_addr = value();
+      if (options.master_addr.empty()) {
+        throw UsageError("--master-addr must not be empty (got '')");
+      }
+    } else if (flag == "--master-port") {
+      options.master_port = parse_int(flag, value(), 1, 65535);
+    } else if (flag == "--grace-period") {
+      options.grace_period = parse_seconds(flag, value());
+    } else if (flag == "--no-prefix") {
+      if (inline_value) {
+        throw UsageError("--no-prefix takes no value (got " + quoted(*inline_value) + ")");
+      }
+      options.prefix_output = false;
+    } else {
+      throw UsageError("unknown option " + quoted(arg));
+    }
+  }
+
+  options.program.assign(args.begin() + static_cast<std::ptrdiff_t>(i), args.end());
+  if (!have_nproc) {
+    throw UsageError("--nproc-per-node is required");
+  }
+  if (options.node_rank >= options.nnodes) {
+    throw UsageError("--node-rank must be less than --nnodes (got --node-rank " +
+                     std::to_string(options.node_rank) + " with --nnodes " +
+                     std::to_string(options.nnodes) + ")");
+  }
+  if (static_cast<long long>(options.nnodes) * options.nproc_per_node > INT_MAX) {
+    throw UsageError("--nnodes times --nproc-per-node must fit in an int (got " +
+                     std::to_string(options.nnodes) + " x " +
+                     std::to_string(options.nproc_per_node) + ")");
+  }
+  if (options.nnodes > 1 && !options.master_port) {
+    throw UsageError("--master-port is required when --nnodes is " +
+                     std::to_string(options.nnodes) +
+                     " (got none): every node must be given the same port");
+  }
+  if (options.program.empty()) {
+    throw UsageError("missing the program to run (got only options)");
+  }
+  return result;
+}
+
+bool env_flag_is_set(const char* value) {
+  return value != nullptr && value[0] != '\0' && std::strcmp(value, "0") != 0;
+}
+
+const char* usage_text() {
+  return R"(usage: ddprun [options] [--] program [args...]
+
+Starts --nproc-per-node copies of program on this node, one per rank, with the
+variables torchrun sets: RANK, WORLD_SIZE, LOCAL_RANK, LOCAL_WORLD_SIZE,
+GROUP_RANK, MASTER_ADDR, MASTER_PORT (and OMP_NUM_THREADS=1 when unset and
+there are several ranks). When a rank fails, or ddprun gets SIGINT or SIGTERM,
+the other ranks are stopped: SIGTERM, then SIGKILL after the grace period.
+
+options:
+  --nproc-per-node N  ranks to start on this node (required, N >= 1)
+  --nnodes M          nodes in the job (default 1)
+  --node-rank K       index of this node, 0 <= K < M (default 0)
+  --master-addr A     host of rank 0's store (default 127.0.0.1)
+  --master-port P     port of rank 0's store (default: a free port when
+                      --nnodes is 1; required when --nnodes > 1)
+  --grace-period S    seconds between SIGTERM and SIGKILL when stopping
+                      ranks (default 5)
+  --no-prefix         do not prefix output lines with "[rank R]: "
+                      (DDPRUN_NO_PREFIX=1 does the same)
+  -h, --help          print this help and exit
+
+Flags may be written with underscores (--nproc_per_node) and as --flag=value.
+)";
+}
+
+std::vector<std::pair<std::string, std::string>> rank_environment(
+    const LaunchOptions& options,
+    int local_rank,
+    const char* inherited_omp_num_threads) {
+  if (!options.master_port) {
+    throw std::logic_error("rank_environment: master_port is not set; pick one first");
+  }
+  const int rank = options.node_rank * options.nproc_per_node + local_rank;
+  std::vector<std::pair<std::string, std::string>> env = {
+      {"RANK", std::to_string(rank)},
+      {"WORLD_SIZE", std::to_string(options.nnodes * options.nproc_per_node)},
+      {"LOCAL_RANK", std::to_string(local_rank)},
+      {"LOCAL_WORLD_SIZE", std::to_string(options.nproc_per_node)},
+      {"GROUP_RANK", std::to_string(options.node_rank)},
+      {"MASTER_ADDR", options.master_addr},
+      {"MASTER_PORT", std::to_string(*options.master_port)},
+  };
+  // N ranks each running one OpenMP thread per core would oversubscribe the
+  // CPU N times; torchrun sets 1 for the same reason.
+  if (options.nproc_per_node > 1 && inherited_omp_num_threads == nullptr) {
+    env.emplace_back("OMP_NUM_THREADS", "1");
+  }
+  return env;
+}
+
+int pick_free_port(const std::string& addr) {
+  addrinfo hints{};
+  hints.ai_family = AF_UNSPEC;
+  hints.ai_socktype = SOCK_STREAM;
+  addrinfo* found = nullptr;
+  if (int rc = ::getaddrinfo(addr.c_str(), "0", &hints, &found); rc != 0) {
+    throw std::runtime_error("cannot resolve --master-addr " + quoted(addr) + ": " +
+                             ::gai_strerror(rc));
+  }
+  std::unique_ptr<addrinfo, decltype(&::freeaddrinfo)> owner(found, &::freeaddrinfo);
+
+  std::string last_error = "no address found";
+  for (const addrinfo* ai = found; ai != nullptr; ai = ai->ai_next) {
+    UniqueFd fd(::socket(ai->ai_family, ai->ai_socktype, ai->ai_protocol));
+    if (!fd.valid() || ::bind(fd.get(), ai->ai_addr, ai->ai_addrlen) != 0) {
+      last_error = std::strerror(errno);
+      continue;
+    }
+    sockaddr_storage bound{};
+    socklen_t length = sizeof(bound);
+    if (::getsockname(fd.get(), reinterpret_cast<sockaddr*>(&bound), &length) != 0) {
+      last_error = std::strerror(errno);
+      continue;
+    }
+    if (bound.ss_family == AF_INET) {
+      return ntohs(reinterpret_cast<const sockaddr_in*>(&bound)->sin_port);
+    }
+    if (bound.ss_family == AF_INET6) {
+      return ntohs(reinterpret_cast<const sockaddr_in6*>(&bound)->sin6_port);
+    }
+    last_error = "unexpected address family " + std::to_string(bound.ss_family);
+  }
+  throw std::runtime_error("cannot find a free port on --master-addr " + quoted(addr) + ": " +
+                           last_error + "; pass --master-port");
+}
+
+} // namespace ddp::launch

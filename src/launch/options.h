@@ -1,0 +1,85 @@
+#pragma once
+
+// ddprun's command line: what it accepts, how it is checked, and the
+// environment each rank gets from it. Plain C++17 and POSIX: the launcher
+// includes no Torch header, so that it builds in seconds.
+
+#include <chrono>
+#include <optional>
+#include <stdexcept>
+#include <string>
+#include <utility>
+#include <vector>
+
+namespace ddp::launch {
+
+/// A bad command line. main() prints the message and the usage, and exits 2.
+class UsageError : public std::runtime_error {
+ public:
+  using std::runtime_error::runtime_error;
+};
+
+/// What ddprun was asked to start. Flags are torchrun's, so that a command
+/// line written for one works with the other.
+/// Example: `ddprun --nproc-per-node 4 ./train --epochs 3` gives
+/// `LaunchOptions{nproc_per_node = 4, program = {"./train", "--epochs", "3"}}`.
+struct LaunchOptions {
+  /// Ranks to start on this node (--nproc-per-node). Required, >= 1.
+  int nproc_per_node = 0;
+  /// Nodes in the job (--nnodes). Default: 1.
+  int nnodes = 1;
+  /// This node's index, 0 <= node_rank < nnodes (--node-rank). Default: 0.
+  int node_rank = 0;
+  /// Host of rank 0's store (--master-addr). Default: "127.0.0.1".
+  std::string master_addr = "127.0.0.1";
+  /// Port of rank 0's store (--master-port). Default: none, which means "pick
+  /// a free one" on a single node; required when nnodes > 1.
+  std::optional<int> master_port;
+  /// Prefix each output line with "[rank R]: " (--no-prefix turns it off, as
+  /// does DDPRUN_NO_PREFIX=1). Default: true.
+  bool prefix_output = true;
+  /// Time between SIGTERM and SIGKILL when ranks are stopped
+  /// (--grace-period, in seconds). Default: 5 s.
+  std::chrono::milliseconds grace_period{5000};
+  /// The program and its arguments, passed to execvp unchanged. Required.
+  std::vector<std::string> program;
+};
+
+/// The parsed command line: either a request for help or options to run.
+struct CommandLine {
+  /// -h or --help was given; nothing else is checked.
+  bool help = false;
+  /// The checked options; meaningful only when help is false.
+  LaunchOptions options;
+};
+
+/// Parses ddprun's arguments (argv[1..]). Accepts `--flag value` and
+/// `--flag=value`, with dashes or underscores (`--nproc_per_node`). Options end
+/// at the first argument that is not an option, or after `--`. Throws
+/// UsageError naming the bad value.
+CommandLine parse_command_line(const std::vector<std::string>& args);
+
+/// True when an environment flag such as DDPRUN_NO_PREFIX is on: set, not
+/// empty and not "0". `value` may be null (unset).
+bool env_flag_is_set(const char* value);
+
+/// The usage text printed by --help and after a bad command line.
+const char* usage_text();
+
+/// The variables that the rank with index `local_rank` on this node gets, on
+/// top of ddprun's own environment: RANK, WORLD_SIZE, LOCAL_RANK,
+/// LOCAL_WORLD_SIZE, GROUP_RANK, MASTER_ADDR, MASTER_PORT, and
+/// OMP_NUM_THREADS=1 when there are several local ranks and
+/// `inherited_omp_num_threads` (ddprun's own OMP_NUM_THREADS, null when
+/// unset) is null, as torchrun does. `options.master_port` must be set.
+std::vector<std::pair<std::string, std::string>> rank_environment(
+    const LaunchOptions& options,
+    int local_rank,
+    const char* inherited_omp_num_threads);
+
+/// Binds port 0 on `addr` and returns the port the kernel chose. Another
+/// process may take it before rank 0 binds it; torchrun takes the same risk.
+/// Throws std::runtime_error when `addr` cannot be bound.
+int pick_free_port(const std::string& addr);
+
+} // namespace ddp::launch

@@ -1,0 +1,149 @@
+// init_process_group(): the environment it reads, the world of size 1, and
+// the errors for bad or missing variables.
+
+#include <gtest/gtest.h>
+#include <torch/torch.h>
+
+#include <cstdlib>
+
+#include <ddp/init.h>
+
+namespace ddp {
+namespace {
+
+const char* const kAllVars[] = {
+    "RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT",
+    "SLURM_PROCID", "SLURM_NTASKS", "SLURM_LOCALID", "SLURM_NTASKS_PER_NODE",
+    "OMPI_COMM_WORLD_RANK", "OMPI_COMM_WORLD_SIZE", "OMPI_COMM_WORLD_LOCAL_RANK",
+    "OMPI_COMM_WORLD_LOCAL_SIZE"};
+
+class InitTest : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    for (const char* var : kAllVars) {
+      ::unsetenv(var);
+    }
+    destroy_process_group();
+  }
+  void TearDown() override {
+    destroy_process_group();
+    for (const char* var : kAllVars) {
+      ::unsetenv(var);
+    }
+  }
+};
+
+std::string error_of(const std::function<void()>& fn) {
+  try {
+    fn();
+  } catch (const c10::Error& e) {
+    return e.what();
+  }
+  return "<no error>";
+}
+
+TEST_F(InitTest, NoLauncherVariablesMeanAWorldOfOne) {
+  const auto info = world_info_from_env();
+  EXPECT_EQ(info.source, "none");
+  EXPECT_EQ(info.world_size, 1);
+
+  EXPECT_FALSE(is_initialized());
+  auto pg = init_process_group();
+  EXPECT_TRUE(is_initialized());
+  EXPECT_EQ(pg->rank(), 0);
+  EXPECT_EQ(pg->size(), 1);
+  EXPECT_EQ(pg->backend_name(), "gloo");
+  EXPECT_EQ(pg->timeout(), std::chrono::minutes(30)); // PyTorch's default
+  auto t = torch::arange(5, torch::kFloat);
+  pg->allreduce(t)->wait();
+  EXPECT_TRUE(torch::equal(t, torch::arange(5, torch::kFloat)));
+  pg.reset();
+  destroy_process_group();
+  EXPECT_FALSE(is_initialized());
+}
+
+TEST_F(InitTest, TorchrunVariablesAreRead) {
+  ::setenv("RANK", "3", 1);
+  ::setenv("WORLD_SIZE", "8", 1);
+  ::setenv("LOCAL_RANK", "1", 1);
+  ::setenv("LOCAL_WORLD_SIZE", "2", 1);
+  ::setenv("MASTER_ADDR", "10.1.2.3", 1);
+  ::setenv("MASTER_PORT", "29511", 1);
+  const auto info = world_info_from_env();
+  EXPECT_EQ(info.rank, 3);
+  EXPECT_EQ(info.world_size, 8);
+  EXPECT_EQ(info.local_rank, 1);
+  EXPECT_EQ(info.local_world_size, 2);
+  EXPECT_EQ(info.master_addr, "10.1.2.3");
+  EXPECT_EQ(info.master_port, 29511);
+}
+
+TEST_F(InitTest, SlurmAndOpenMpiAreUnderstood) {
+  ::setenv("SLURM_PROCID", "2", 1);
+  ::setenv("SLURM_NTASKS", "4", 1);
+  ::setenv("SLURM_LOCALID", "0", 1);
+  ::setenv("MASTER_ADDR", "node1", 1);
+  ::setenv("MASTER_PORT", "1234", 1);
+  auto info = world_info_from_env();
+  EXPECT_EQ(info.source, "slurm");
+  EXPECT_EQ(info.rank, 2);
+  EXPECT_EQ(info.world_size, 4);
+  EXPECT_EQ(info.local_rank, 0);
+  ::unsetenv("SLURM_PROCID");
+  ::unsetenv("SLURM_NTASKS");
+  ::unsetenv("SLURM_LOCALID");
+
+  ::setenv("OMPI_COMM_WORLD_RANK", "1", 1);
+  ::setenv("OMPI_COMM_WORLD_SIZE", "2", 1);
+  ::setenv("OMPI_COMM_WORLD_LOCAL_RANK", "1", 1);
+  info = world_info_from_env();
+  EXPECT_EQ(info.source, "openmpi");
+  EXPECT_EQ(info.rank, 1);
+  EXPECT_EQ(info.local_rank, 1);
+}
+
+TEST_F(InitTest, BadVariablesGetOneErrorListingFoundAndNeeded) {
+  ::setenv("RANK", "abc", 1);
+  ::setenv("WORLD_SIZE", "2", 1);
+  const auto what = error_of([] { init_process_group(); });
+  EXPECT_NE(what.find("Found: "), std::string::npos) << what;
+  EXPECT_NE(what.find("RANK='abc' is not an integer"), std::string::npos) << what;
+  EXPECT_NE(what.find("MASTER_ADDR is not set"), std::string::npos) << what;
+  EXPECT_NE(what.find("MASTER_PORT is not set"), std::string::npos) << what;
+  EXPECT_NE(what.find("Needed: RANK and WORLD_SIZE"), std::string::npos) << what;
+  EXPECT_FALSE(is_initialized());
+}
+
+TEST_F(InitTest, RankOutOfRangeAndMissingWorldSize) {
+  ::setenv("RANK", "2", 1);
+  ::setenv("WORLD_SIZE", "2", 1);
+  ::setenv("MASTER_ADDR", "127.0.0.1", 1);
+  ::setenv("MASTER_PORT", "70000", 1);
+  auto what = error_of([] { world_info_from_env(); });
+  EXPECT_NE(what.find("RANK=2 is not below WORLD_SIZE=2"), std::string::npos) << what;
+  EXPECT_NE(what.find("MASTER_PORT=70000 is out of range [1, 65535]"), std::string::npos) << what;
+
+  ::unsetenv("WORLD_SIZE");
+  what = error_of([] { world_info_from_env(); });
+  EXPECT_NE(what.find("WORLD_SIZE is not set"), std::string::npos) << what;
+}
+
+TEST_F(InitTest, DefaultGroupBeforeInitAndDoubleInitAreErrors) {
+  auto what = error_of([] { default_process_group(); });
+  EXPECT_NE(what.find("call ddp::init_process_group() first"), std::string::npos) << what;
+  init_process_group();
+  what = error_of([] { init_process_group(); });
+  EXPECT_NE(what.find("already exists"), std::string::npos) << what;
+}
+
+TEST_F(InitTest, NcclWithoutNcclBuildSaysSo) {
+#ifndef DDP_WITH_NCCL
+  const auto what = error_of([] { init_process_group(InitOptions().backend(Backend::kNccl)); });
+  EXPECT_NE(what.find("built without the NCCL backend"), std::string::npos) << what;
+#else
+  GTEST_SKIP() << "this build has NCCL; the GPU tests cover it";
+#endif
+}
+
+} // namespace
+} // namespace ddp

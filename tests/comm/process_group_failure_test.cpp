@@ -1,0 +1,155 @@
+// Failures with real processes: a rank that never arrives, a rank killed in
+// the middle of a collective, a rank that stalls. Each must end in a clear
+// error on the survivors within the timeout, never a hang.
+
+#include <gtest/gtest.h>
+#include <torch/torch.h>
+
+#include <signal.h>
+#include <unistd.h>
+
+#include <chrono>
+#include <thread>
+
+#include <ddp/comm/error.h>
+#include <ddp/comm/process_group_gloo.h>
+
+#include "testing/multi_rank.h"
+
+namespace ddp {
+namespace {
+
+using namespace std::chrono_literals;
+using ddp::testing::make_gloo_group;
+using ddp::testing::ProcessResult;
+using ddp::testing::run_processes;
+
+// Exit codes the children use to report what they saw.
+constexpr int kSawTimeout = 10;
+constexpr int kSawRemoteError = 11;
+constexpr int kSawOtherError = 12;
+constexpr int kNoError = 13;
+
+double seconds_since(std::chrono::steady_clock::time_point start) {
+  return std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+}
+
+TEST(GlooFailure, RankThatNeverArrivesIsATimeoutNamingIt) {
+  const auto results = run_processes(
+      3,
+      [](int rank, std::shared_ptr<Store> store) -> int {
+        if (rank == 2) {
+          return 0; // never joins
+        }
+        const auto start = std::chrono::steady_clock::now();
+        try {
+          make_gloo_group(store, rank, 3, 1500ms);
+        } catch (const TimeoutError& e) {
+          const std::string what = e.what();
+          std::fprintf(stderr, "%s\n", e.what());
+          const bool names_rank = what.find("rank(s) [2] of 3 never arrived") != std::string::npos;
+          const bool in_time = seconds_since(start) < 5.0;
+          return names_rank && in_time ? kSawTimeout : kSawOtherError;
+        }
+        return kNoError;
+      },
+      30s);
+  EXPECT_EQ(results[0].exit_code, kSawTimeout) << results[0].output;
+  EXPECT_EQ(results[1].exit_code, kSawTimeout) << results[1].output;
+}
+
+TEST(GlooFailure, RankKilledMidCollectiveMakesOthersRaise) {
+  const auto results = run_processes(
+      3,
+      [](int rank, std::shared_ptr<Store> store) -> int {
+        auto pg = make_gloo_group(store, rank, 3, 10s);
+        auto warmup = torch::ones({16});
+        pg->allreduce(warmup)->wait();
+        if (rank == 1) {
+          ::kill(::getpid(), SIGKILL); // dies without a word
+        }
+        auto big = torch::ones({1 << 20});
+        const auto start = std::chrono::steady_clock::now();
+        try {
+          for (int i = 0; i < 50; ++i) {
+            pg->allreduce(big)->wait();
+          }
+        } catch (const CommError& e) {
+          std::fprintf(stderr, "after %.2f s: %s\n", seconds_since(start), e.what());
+          // Well within the 10 s timeout: a closed connection is noticed at once.
+          if (seconds_since(start) > 10.0) {
+            return kSawOtherError;
+          }
+          // The next operation fails at once, naming the earlier failure.
+          try {
+            pg->barrier()->wait();
+          } catch (const CommError& again) {
+            if (std::string(again.what()).find("failed earlier and is unusable") == std::string::npos) {
+              return kSawOtherError;
+            }
+          }
+          return dynamic_cast<const RemoteError*>(&e) ? kSawRemoteError : kSawTimeout;
+        }
+        return kNoError;
+      },
+      60s);
+  EXPECT_EQ(results[1].signal, SIGKILL);
+  for (int rank : {0, 2}) {
+    EXPECT_FALSE(results[rank].timed_out) << results[rank].output;
+    EXPECT_TRUE(results[rank].exit_code == kSawRemoteError || results[rank].exit_code == kSawTimeout)
+        << "rank " << rank << " exit " << results[rank].exit_code << ": " << results[rank].output;
+  }
+}
+
+TEST(GlooFailure, StalledPeerIsATimeoutNamingOperationRankAndSequence) {
+  const auto results = run_processes(
+      2,
+      [](int rank, std::shared_ptr<Store> store) -> int {
+        auto pg = make_gloo_group(store, rank, 2, 1s);
+        auto t = torch::ones({4});
+        pg->allreduce(t)->wait(); // #0 together
+        if (rank == 1) {
+          std::this_thread::sleep_for(4s); // never issues #1 in time
+          return 0;
+        }
+        const auto start = std::chrono::steady_clock::now();
+        try {
+          pg->allreduce(t)->wait();
+        } catch (const TimeoutError& e) {
+          std::fprintf(stderr, "%s\n", e.what());
+          const std::string what = e.what();
+          const bool named = what.find("[rank 0/2] allreduce #1") != std::string::npos;
+          return named && seconds_since(start) < 3.0 ? kSawTimeout : kSawOtherError;
+        }
+        return kNoError;
+      },
+      30s);
+  EXPECT_EQ(results[0].exit_code, kSawTimeout) << results[0].output;
+}
+
+TEST(GlooFailure, RankClaimedTwiceIsAnError) {
+  const auto results = run_processes(
+      2,
+      [](int, std::shared_ptr<Store> store) -> int {
+        try {
+          make_gloo_group(store, 0, 2, 2s); // both processes say rank 0
+        } catch (const c10::Error& e) {
+          std::fprintf(stderr, "%s\n", e.what());
+          return std::string(e.what()).find("rank 0 was claimed by 2 processes") != std::string::npos
+              ? kSawOtherError
+              : 1;
+        } catch (const TimeoutError&) {
+          return kSawTimeout; // the first claimant waits for rank 1, which never comes
+        }
+        return kNoError;
+      },
+      30s);
+  // One process sees the double claim; the other times out waiting for rank 1.
+  const int claims = (results[0].exit_code == kSawOtherError) + (results[1].exit_code == kSawOtherError);
+  const int timeouts = (results[0].exit_code == kSawTimeout) + (results[1].exit_code == kSawTimeout);
+  EXPECT_EQ(claims, 1) << results[0].output << results[1].output;
+  EXPECT_EQ(timeouts, 1) << results[0].output << results[1].output;
+}
+
+} // namespace
+} // namespace ddp

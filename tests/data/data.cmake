@@ -1,0 +1,24 @@
+# tests: data/data
+#
+# The sampler's unit tests link a fake default process group
+# (fake_default_placement.cpp) in place of ddp_data_pg, so they need neither
+# ddp_comm nor a running group. The parity test runs sampler_reference.py with
+# DDP_TEST_PYTHON, Debian's interpreter that has torch (it skips when that
+# cannot import torch).
+set(DDP_TEST_PYTHON "/usr/bin/python3" CACHE FILEPATH
+    "Python interpreter with torch, for the parity tests against PyTorch")
+
+ddp_add_gtest(distributed_sampler_test
+  SOURCES data/distributed_sampler_test.cpp data/fake_default_placement.cpp
+  LIBS ddp_data ddp_internal
+  TIMEOUT 60)
+target_compile_definitions(distributed_sampler_test PRIVATE
+  DDP_TEST_PYTHON="${DDP_TEST_PYTHON}"
+  DDP_SAMPLER_REFERENCE_SCRIPT="${CMAKE_CURRENT_LIST_DIR}/sampler_reference.py")
+
+# The defaults read from a real default process group: forks two processes
+# that rendezvous over env:// (init_process_group).
+ddp_add_gtest(distributed_sampler_group_test
+  SOURCES data/distributed_sampler_group_test.cpp
+  LIBS ddp_data ddp_data_pg ddp_comm ddp_stores ddp_internal
+  TIMEOUT 60)

@@ -1,0 +1,49 @@
+#pragma once
+
+// The multi-rank test harness (Gloo's base_test.h `spawn`, and
+// multiproc_test.h, in our terms).
+//
+// - `run_threads` runs one function per rank on threads over one HashStore:
+//   fast, for unit tests of collectives.
+// - `run_processes` forks one process per rank over a FileStore: for crash,
+//   signal and timeout tests, where a rank must die or hang on its own.
+// Integration tests run real programs under ddprun (tests/integration).
+
+#include <chrono>
+#include <functional>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include <ddp/comm/process_group.h>
+#include <ddp/comm/store.h>
+
+namespace ddp::testing {
+
+// Runs fn(rank, store) on `world_size` threads sharing one HashStore; joins
+// all, then rethrows the first exception (prefixed with its rank).
+void run_threads(int world_size,
+                 const std::function<void(int rank, std::shared_ptr<Store> store)>& fn);
+
+// A Gloo group on loopback with a group name unique to this test process.
+std::shared_ptr<ProcessGroup> make_gloo_group(
+    std::shared_ptr<Store> store, int rank, int world_size,
+    std::chrono::milliseconds timeout = std::chrono::seconds(30));
+
+// What happened to one forked rank.
+struct ProcessResult {
+  int exit_code = -1; // when it exited normally, else -1
+  int signal = 0;     // the signal that killed it, else 0
+  bool timed_out = false; // killed by the harness at the deadline
+  std::string output; // what it wrote to stderr and stdout
+};
+
+// Forks `world_size` processes; each runs fn(rank, store) over a fresh
+// FileStore and exits with its return value (1 and a message on an
+// exception). Kills any rank still running at `deadline`.
+std::vector<ProcessResult> run_processes(
+    int world_size,
+    const std::function<int(int rank, std::shared_ptr<Store> store)>& fn,
+    std::chrono::milliseconds deadline);
+
+} // namespace ddp::testing
