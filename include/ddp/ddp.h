@@ -14,3 +14,7 @@
 #include <ddp/comm/work.h>
 #include <ddp/data/distributed_sampler.h>
 #include <ddp/init.h>
+#include <ddp/nn/checkpoint.h>
+#include <ddp/nn/comm_hooks.h>
+#include <ddp/nn/distributed_data_parallel.h>
+#include <ddp/nn/join.h>

@@ -55,6 +55,11 @@ void Work::wait(std::chrono::milliseconds timeout) {
   }
 }
 
+std::chrono::steady_clock::time_point Work::completion_time() const {
+  std::lock_guard<std::mutex> lock(mutex_);
+  return completion_time_;
+}
+
 const std::vector<at::Tensor>& Work::result() const {
   std::lock_guard<std::mutex> lock(mutex_);
   DDP_CHECK(completed_, name_, ": result() called before the work completed; call wait() first");
@@ -117,6 +122,7 @@ void Work::complete(std::vector<at::Tensor> result, std::exception_ptr error) {
     std::lock_guard<std::mutex> lock(mutex_);
     DDP_CHECK(!completed_, name_, ": completed twice");
     completed_ = true;
+    completion_time_ = std::chrono::steady_clock::now();
     result_ = std::move(result);
     error_ = std::move(error);
     callbacks.swap(callbacks_);

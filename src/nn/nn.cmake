@@ -1,2 +1,11 @@
-# DistributedDataParallel and its Reducer.
-ddp_add_part(ddp_nn src/nn/nn_placeholder.cpp)
+# DistributedDataParallel, its Reducer and bucket assignment, Join,
+# communication hooks and checkpoints.
+ddp_add_part(ddp_nn
+  src/reducer/bucket_assignment.cpp
+  src/reducer/reducer.cpp
+  src/nn/state_sync.cpp
+  src/nn/distributed_data_parallel.cpp
+  src/nn/comm_hooks.cpp
+  src/nn/join.cpp
+  src/nn/checkpoint.cpp)
+target_precompile_headers(ddp_nn PRIVATE <torch/torch.h>)

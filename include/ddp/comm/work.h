@@ -61,6 +61,9 @@ class Work : public std::enable_shared_from_this<Work> {
   /// may instead order the current stream after the operation.
   virtual void wait(std::chrono::milliseconds timeout = kUseGroupTimeout);
 
+  /// When the Work completed (steady clock); the epoch when it has not.
+  std::chrono::steady_clock::time_point completion_time() const;
+
   /// The output tensors. Throws unless the Work completed successfully.
   const std::vector<at::Tensor>& result() const;
 
@@ -93,6 +96,7 @@ class Work : public std::enable_shared_from_this<Work> {
   mutable std::mutex mutex_;
   std::condition_variable completed_cv_;
   bool completed_ = false; // guarded by mutex_
+  std::chrono::steady_clock::time_point completion_time_; // guarded by mutex_
   std::exception_ptr error_; // guarded by mutex_
   std::vector<at::Tensor> result_; // guarded by mutex_
   std::vector<at::Tensor> kept_alive_; // guarded by mutex_; cleared on completion

@@ -1,0 +1,90 @@
+#pragma once
+
+/// Communication hooks: how DistributedDataParallel reduces one bucket of
+/// gradients. The default averages with one allreduce; fp16 and bf16
+/// compression halve the bytes on the wire; users can register their own.
+
+#include <ATen/core/Tensor.h>
+
+#include <cstddef>
+#include <functional>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include <ddp/comm/process_group.h>
+#include <ddp/comm/work.h>
+
+namespace ddp {
+
+/// One bucket of gradients, handed to a communication hook.
+///
+/// `buffer()` is a flat 1-D tensor holding the gradients of `parameters()`
+/// back to back (`gradients()` are views into it). A hook must not keep the
+/// GradBucket past its call; it may keep `buffer()` (a tensor handle).
+class GradBucket {
+ public:
+  GradBucket(size_t index, size_t bucket_count, at::Tensor buffer,
+             std::vector<at::Tensor> gradients, std::vector<std::string> parameter_names)
+      : index_(index),
+        bucket_count_(bucket_count),
+        buffer_(std::move(buffer)),
+        gradients_(std::move(gradients)),
+        parameter_names_(std::move(parameter_names)) {}
+
+  /// Position of this bucket in launch order.
+  size_t index() const {
+    return index_;
+  }
+  /// True for the last bucket of the iteration.
+  bool is_last() const {
+    return index_ + 1 == bucket_count_;
+  }
+  /// The flat gradients, this rank's local values: a hook reduces them.
+  const at::Tensor& buffer() const {
+    return buffer_;
+  }
+  /// Views into `buffer()`, one per parameter, shaped like it.
+  const std::vector<at::Tensor>& gradients() const {
+    return gradients_;
+  }
+  /// Names of the parameters whose gradients the bucket holds.
+  const std::vector<std::string>& parameter_names() const {
+    return parameter_names_;
+  }
+
+ private:
+  size_t index_;
+  size_t bucket_count_;
+  at::Tensor buffer_;
+  std::vector<at::Tensor> gradients_;
+  std::vector<std::string> parameter_names_;
+};
+
+/// A communication hook. It receives the bucket and returns a `Work` (a
+/// future) whose `result()[0]` is a tensor with as many elements as
+/// `bucket.buffer()`, holding the reduced gradients that every rank will use
+/// (for the usual averaging: the mean over ranks). Returning
+/// `bucket.buffer()` itself, reduced in place, avoids a copy.
+///
+/// Runs on the autograd engine thread during backward. It must issue the
+/// same collectives on every rank (the ProcessGroup contract).
+using CommHook = std::function<std::shared_ptr<Work>(ProcessGroup& group, GradBucket& bucket)>;
+
+namespace comm_hooks {
+
+/// The default: divides the bucket by the world size and allreduces it in
+/// place (the mean of the ranks' gradients).
+CommHook allreduce();
+
+/// Casts the bucket to float16, divides by the world size, allreduces, and
+/// casts back. Halves the bytes sent; values beyond float16's range
+/// (about 65504) overflow.
+CommHook fp16_compress();
+
+/// Like fp16_compress with bfloat16: float32's range, 8 bits of mantissa.
+CommHook bf16_compress();
+
+} // namespace comm_hooks
+
+} // namespace ddp

@@ -1,0 +1,287 @@
+#pragma once
+
+/// DistributedDataParallel: wraps a module so that every rank ends each
+/// training step with the same parameters, reducing gradients in buckets
+/// while backward is still running.
+
+#include <torch/arg.h>
+#include <torch/nn/module.h>
+#include <torch/nn/modules/container/any.h>
+#include <torch/nn/modules/container/sequential.h>
+#include <torch/nn/pimpl.h>
+
+#include <chrono>
+#include <memory>
+#include <string>
+#include <tuple>
+#include <vector>
+
+#include <ddp/comm/process_group.h>
+#include <ddp/nn/comm_hooks.h>
+
+namespace ddp {
+
+namespace internal {
+class Reducer;
+} // namespace internal
+
+class Join;
+
+namespace detail {
+// How DistributedDataParallel calls the wrapped module's forward: through
+// an AnyModule for modules with one non-template forward, directly for
+// Sequential, whose forward is a template that AnyModule cannot hold.
+struct Forwarder {
+  torch::nn::AnyModule any;
+  std::shared_ptr<torch::nn::SequentialImpl> sequential;
+};
+
+template <typename ModuleType>
+Forwarder make_forwarder(const torch::nn::ModuleHolder<ModuleType>& module) {
+  return {torch::nn::AnyModule(module), nullptr};
+}
+
+inline Forwarder make_forwarder(const torch::nn::ModuleHolder<torch::nn::SequentialImpl>& module) {
+  return {torch::nn::AnyModule(), module.ptr()};
+}
+} // namespace detail
+
+/// Options of DistributedDataParallel. PyTorch's defaults.
+/// Example:
+/// ```
+/// ddp::DistributedDataParallel model(net, ddp::DistributedDataParallelOptions()
+///                                             .bucket_cap_mb(50)
+///                                             .find_unused_parameters(true));
+/// ```
+struct DistributedDataParallelOptions {
+  /// The group to reduce over. Default: nullptr, meaning the default group
+  /// of `ddp::init_process_group()`.
+  TORCH_ARG(std::shared_ptr<ProcessGroup>, process_group) = nullptr;
+  /// Capacity of a gradient bucket in MiB. Default: 25.
+  TORCH_ARG(double, bucket_cap_mb) = 25.0;
+  /// Capacity of the first bucket in MiB: the last layers' gradients, ready
+  /// first, so a small bucket starts communication early. Default: 1.
+  TORCH_ARG(double, first_bucket_cap_mb) = 1.0;
+  /// Broadcast rank 0's buffers (e.g. BatchNorm running statistics) before
+  /// every forward. Default: true.
+  TORCH_ARG(bool, broadcast_buffers) = true;
+  /// After every forward, find the parameters that the output does not
+  /// depend on, and count them as ready so that reduction completes without
+  /// them. Costs a walk of the autograd graph. Default: false.
+  TORCH_ARG(bool, find_unused_parameters) = false;
+  /// Make each parameter's `grad()` a view into its bucket: no copy back after
+  /// the allreduce, and less memory. Default: false.
+  TORCH_ARG(bool, gradient_as_bucket_view) = false;
+  /// The devices of this process's replica, as in PyTorch: empty, or exactly
+  /// one device, which must be the device of every parameter. Default: {}.
+  TORCH_ARG(std::vector<c10::Device>, device_ids) = {};
+};
+
+/// Where each bucket's gradients come from, and what it cost last iteration.
+struct BucketInsight {
+  /// Position in launch order.
+  size_t index = 0;
+  /// Names of the parameters, in the bucket's order.
+  std::vector<std::string> parameter_names;
+  /// Element type and size of the flat buffer.
+  std::string dtype;
+  size_t bytes = 0;
+  /// When its communication started and finished, in ms after the first
+  /// gradient of the backward pass was ready.
+  double launch_ms = 0;
+  double done_ms = 0;
+};
+
+/// Figures of one training iteration (forward + backward).
+struct IterationInsight {
+  /// Iterations with gradient synchronisation so far (this one included).
+  int64_t iteration = 0;
+  /// Time in DistributedDataParallel's forward (buffer broadcast included).
+  double forward_ms = 0;
+  /// From the first gradient ready to the last: the window of backward in
+  /// which communication can overlap computation.
+  double backward_compute_ms = 0;
+  /// Time spent at the end of backward waiting for communication.
+  double comm_wait_ms = 0;
+  /// Sum over buckets of their communication time.
+  double comm_ms = 0;
+  /// Share of `comm_ms` that ran while backward was still computing, in [0, 1].
+  double overlap_fraction = 0;
+  /// True when the first bucket's communication started before the last
+  /// gradient was ready.
+  bool first_bucket_started_before_backward_end = false;
+  /// The buckets, in launch order.
+  std::vector<BucketInsight> buckets;
+
+  /// A few human-readable lines (what DDP_DEBUG=1 prints on rank 0).
+  std::string to_string() const;
+};
+
+/// RAII guard of `no_sync()`: while it lives, backward accumulates gradients
+/// locally; the first synchronised backward after it reduces the sum.
+class NoSyncGuard {
+ public:
+  NoSyncGuard(NoSyncGuard&& other) noexcept;
+  NoSyncGuard& operator=(NoSyncGuard&&) = delete;
+  NoSyncGuard(const NoSyncGuard&) = delete;
+  NoSyncGuard& operator=(const NoSyncGuard&) = delete;
+  ~NoSyncGuard();
+
+ private:
+  friend class DistributedDataParallelImpl;
+  explicit NoSyncGuard(internal::Reducer* reducer);
+  // Non-owning: the DistributedDataParallel that made the guard outlives it.
+  internal::Reducer* reducer_;
+  bool previous_;
+};
+
+/// The module behind `DistributedDataParallel`; see that class.
+///
+/// Construction is a synchronisation point: every rank checks that all ranks
+/// hold the same parameters (names, order, shapes, dtypes), then rank 0's
+/// parameters and buffers are broadcast to all. Forward (buffers) and
+/// backward (gradients) are synchronisation points too: every rank must run
+/// them the same number of times (see `ddp::Join` for uneven inputs).
+///
+/// Thread-safety: not thread-safe; use it from one thread, like a module.
+/// Its gradient hooks run on the autograd engine's thread during backward.
+class DistributedDataParallelImpl : public torch::nn::Module {
+ public:
+  /// Wraps `module` (any module holder: `torch::nn::Sequential`, a
+  /// `TORCH_MODULE`, ...). Move the module to its device first.
+  template <typename ModuleType>
+  explicit DistributedDataParallelImpl(torch::nn::ModuleHolder<ModuleType> module,
+                                       DistributedDataParallelOptions options = {})
+      : DistributedDataParallelImpl(detail::make_forwarder(module), module.ptr(),
+                                    std::move(options)) {}
+
+  /// Wraps `module`, called through `forwarder`.
+  DistributedDataParallelImpl(detail::Forwarder forwarder,
+                              std::shared_ptr<torch::nn::Module> module,
+                              DistributedDataParallelOptions options);
+  ~DistributedDataParallelImpl() override;
+
+  /// Runs the wrapped module's forward with `args`, as `net(args...)` would.
+  /// `ReturnType` is what that forward returns (default: a tensor).
+  template <typename ReturnType = torch::Tensor, typename... Args>
+  ReturnType forward(Args&&... args) {
+    pre_forward();
+    ReturnType output =
+        forwarder_.sequential
+            ? forwarder_.sequential->template forward<ReturnType>(std::forward<Args>(args)...)
+            : forwarder_.any.template forward<ReturnType>(std::forward<Args>(args)...);
+    post_forward(output_tensors(output));
+    return output;
+  }
+
+  /// The wrapped module. Use it for single-rank work such as evaluation on
+  /// rank 0 only: calling the wrapper would wait for the other ranks.
+  std::shared_ptr<torch::nn::Module> module() const {
+    return module_;
+  }
+
+  /// The wrapped module as its concrete type, e.g.
+  /// `model->module_as<torch::nn::SequentialImpl>()`.
+  template <typename ModuleType>
+  std::shared_ptr<ModuleType> module_as() const {
+    return std::dynamic_pointer_cast<ModuleType>(module_);
+  }
+
+  /// The group gradients are reduced over.
+  const std::shared_ptr<ProcessGroup>& process_group() const {
+    return group_;
+  }
+
+  /// Returns a guard under which backward passes accumulate gradients
+  /// locally without communication (gradient accumulation).
+  /// Example: `{ auto guard = model->no_sync(); model(x1).sum().backward(); }`
+  NoSyncGuard no_sync();
+
+  /// Replaces the communication hook (default: comm_hooks::allreduce()).
+  /// Call before the first backward.
+  void register_comm_hook(CommHook hook);
+
+  /// Figures of the last synchronised iteration.
+  IterationInsight last_iteration_insight() const;
+
+  /// The current bucket layout (parameter names per bucket, in launch order).
+  std::vector<BucketInsight> bucket_layout() const;
+
+  /// Checks that every rank holds the same parameters right now (values, not
+  /// only shapes): a collective that returns the largest absolute difference
+  /// from rank 0 over all parameters, 0 when they agree. A debugging aid.
+  double max_parameter_difference_across_ranks();
+
+ private:
+  friend class Join;
+
+  void pre_forward();
+  void post_forward(const std::vector<at::Tensor>& outputs);
+
+  // The tensors in a forward's output, for finding unused parameters.
+  static std::vector<at::Tensor> output_tensors(const at::Tensor& output) {
+    return {output};
+  }
+  static std::vector<at::Tensor> output_tensors(const std::vector<at::Tensor>& outputs) {
+    return outputs;
+  }
+  template <typename... Ts>
+  static std::vector<at::Tensor> output_tensors(const std::tuple<Ts...>& outputs) {
+    std::vector<at::Tensor> tensors;
+    std::apply(
+        [&](const auto&... items) {
+          (append(tensors, output_tensors_or_none(items)), ...);
+        },
+        outputs);
+    return tensors;
+  }
+  template <typename T>
+  static std::vector<at::Tensor> output_tensors(const T&) {
+    return {}; // not a tensor: nothing to walk (find_unused_parameters says so)
+  }
+  template <typename T>
+  static std::vector<at::Tensor> output_tensors_or_none(const T& item) {
+    return output_tensors(item);
+  }
+  static void append(std::vector<at::Tensor>& to, std::vector<at::Tensor> from) {
+    to.insert(to.end(), from.begin(), from.end());
+  }
+
+  detail::Forwarder forwarder_;
+  std::shared_ptr<torch::nn::Module> module_;
+  std::shared_ptr<ProcessGroup> group_;
+  DistributedDataParallelOptions options_;
+  std::vector<at::Tensor> buffers_;
+  std::unique_ptr<internal::Reducer> reducer_;
+  // Non-owning: set by a live ddp::Join on this module, which unsets it
+  // before it ends.
+  Join* join_ = nullptr;
+  std::chrono::steady_clock::time_point forward_start_;
+};
+
+/// DistributedDataParallel: `ddp::DistributedDataParallel model(net);` then
+/// use `model` like `net`: `model(x)`, `model->parameters()`.
+///
+/// A module holder like the ones TORCH_MODULE makes, with a call operator
+/// that forwards any arguments: the wrapped module's forward decides which
+/// it takes. `model(x)` returns a tensor; for another return type write
+/// `model.forward<ReturnType>(x)`.
+class DistributedDataParallel : public torch::nn::ModuleHolder<DistributedDataParallelImpl> {
+ public:
+  using torch::nn::ModuleHolder<DistributedDataParallelImpl>::ModuleHolder;
+
+  /// Runs forward on the wrapped module; see DistributedDataParallelImpl.
+  template <typename... Args>
+  torch::Tensor operator()(Args&&... args) {
+    return get()->template forward<torch::Tensor>(std::forward<Args>(args)...);
+  }
+
+  /// Runs forward when the wrapped module returns something else than a
+  /// tensor, e.g. `model.forward<std::tuple<at::Tensor, at::Tensor>>(x)`.
+  template <typename ReturnType, typename... Args>
+  ReturnType forward(Args&&... args) {
+    return get()->template forward<ReturnType>(std::forward<Args>(args)...);
+  }
+};
+
+} // namespace ddp

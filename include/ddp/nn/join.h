@@ -1,0 +1,58 @@
+#pragma once
+
+/// Join: training with uneven inputs, where ranks run out of data at
+/// different steps.
+
+#include <cstdint>
+
+#include <ddp/nn/distributed_data_parallel.h>
+
+namespace ddp {
+
+/// While a Join lives, a rank that has run out of data "shadows" the
+/// collectives of the ranks still training (buffer broadcasts, gradient
+/// allreduces with zeros), so that nobody waits forever. Every rank creates
+/// the Join before its training loop and calls `finish()` after it; `finish()`
+/// returns once all ranks have finished, and leaves every rank with the
+/// parameters of the rank that trained longest. Gradients are averaged over
+/// the whole world size, counting a finished rank's gradients as zero (as
+/// PyTorch's default, `divide_by_initial_world_size=True`).
+///
+/// Example:
+/// ```
+/// ddp::Join join(model);
+/// for (auto& batch : my_uneven_shard) { ... model(x) ... backward ... step }
+/// join.finish();
+/// ```
+/// `no_sync()` inside a Join is supported when all ranks still training use
+/// it in the same steps.
+///
+/// Thread-safety: use from the training thread.
+class Join {
+ public:
+  explicit Join(DistributedDataParallel& model);
+  /// Calls `finish()` if it was not called, unless an exception is
+  /// propagating (then the other ranks will fail by timeout instead, since
+  /// this rank cannot take part safely). Errors are logged, never thrown.
+  ~Join() noexcept;
+
+  Join(const Join&) = delete;
+  Join& operator=(const Join&) = delete;
+
+  /// Shadows the other ranks' steps until every rank has called `finish()`,
+  /// then synchronises the final parameters. Returns how many steps this
+  /// rank shadowed.
+  int64_t finish();
+
+ private:
+  friend class DistributedDataParallelImpl;
+  // Called at the start of every forward of a rank still training.
+  void on_forward(bool will_sync);
+
+  DistributedDataParallel model_;
+  int64_t steps_trained_ = 0;
+  bool finished_ = false;
+  int uncaught_at_start_ = 0;
+};
+
+} // namespace ddp

@@ -1,0 +1,68 @@
+#include "nn/state_sync.h"
+
+#include <ATen/ATen.h>
+
+#include <cstring>
+#include <map>
+#include <tuple>
+
+namespace ddp::internal {
+
+void broadcast_coalesced(ProcessGroup& group, const std::vector<at::Tensor>& tensors, int root) {
+  if (group.size() == 1 || tensors.empty()) {
+    return;
+  }
+  at::NoGradGuard no_grad;
+  // Group by (dtype, device) in a deterministic order.
+  std::map<std::tuple<int, int, int>, std::vector<at::Tensor>> groups;
+  for (const auto& t : tensors) {
+    groups[{static_cast<int>(t.scalar_type()), static_cast<int>(t.device().type()),
+            static_cast<int>(t.device().index())}]
+        .push_back(t);
+  }
+  for (auto& [key, members] : groups) {
+    std::vector<at::Tensor> flat_parts;
+    for (const auto& t : members) {
+      flat_parts.push_back(t.detach().reshape({-1}));
+    }
+    auto flat = at::cat(flat_parts);
+    group.broadcast(flat, {root})->wait();
+    int64_t offset = 0;
+    for (const auto& t : members) {
+      t.detach().view({-1}).copy_(flat.narrow(0, offset, t.numel()));
+      offset += t.numel();
+    }
+  }
+}
+
+std::vector<std::string> allgather_strings(ProcessGroup& group, const std::string& mine) {
+  const int size = group.size();
+  if (size == 1) {
+    return {mine};
+  }
+  auto length = at::full({1}, static_cast<int64_t>(mine.size()), at::kLong);
+  std::vector<at::Tensor> lengths;
+  for (int r = 0; r < size; ++r) {
+    lengths.push_back(at::empty({1}, at::kLong));
+  }
+  group.allgather(lengths, length)->wait();
+  int64_t longest = 0;
+  for (const auto& l : lengths) {
+    longest = std::max(longest, l.item<int64_t>());
+  }
+  auto bytes = at::zeros({longest}, at::kByte);
+  std::memcpy(bytes.data_ptr(), mine.data(), mine.size());
+  std::vector<at::Tensor> all;
+  for (int r = 0; r < size; ++r) {
+    all.push_back(at::empty({longest}, at::kByte));
+  }
+  group.allgather(all, bytes)->wait();
+  std::vector<std::string> result;
+  for (int r = 0; r < size; ++r) {
+    result.emplace_back(static_cast<const char*>(all[r].data_ptr()),
+                        static_cast<size_t>(lengths[r].item<int64_t>()));
+  }
+  return result;
+}
+
+} // namespace ddp::internal

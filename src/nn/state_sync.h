@@ -1,0 +1,24 @@
+#pragma once
+
+// Collectives on whole model states (private header): used by
+// DistributedDataParallel's construction, its buffer broadcast, Join's final
+// synchronisation and the debugging aids.
+
+#include <ATen/core/Tensor.h>
+
+#include <string>
+#include <vector>
+
+#include <ddp/comm/process_group.h>
+
+namespace ddp::internal {
+
+// Broadcasts `tensors` from `root` in place, packing tensors of one dtype and
+// device into one flat message each (coalesced), in a fixed order so that
+// every rank issues the same collectives. No-op in a world of size 1.
+void broadcast_coalesced(ProcessGroup& group, const std::vector<at::Tensor>& tensors, int root);
+
+// Every rank's `mine`, indexed by rank.
+std::vector<std::string> allgather_strings(ProcessGroup& group, const std::string& mine);
+
+} // namespace ddp::internal

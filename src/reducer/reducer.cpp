@@ -1,0 +1,529 @@
+// The Reducer.
+//
+// How it works. At construction every parameter that requires a gradient
+// becomes a *variable*, and variables are grouped into *buckets* (see
+// bucket_assignment.h): flat buffers, one per group, with a *view* per
+// variable. A post hook on each variable's gradient accumulator tells us when
+// autograd has written that variable's gradient.
+//
+// An iteration: `prepare_for_backward` (end of forward) arms the hooks. Each
+// hook marks its variable *ready*: the gradient is copied into its bucket view
+// (or, with gradient_as_bucket_view, already is that view). When a bucket's
+// last variable is ready the bucket is ready, and ready buckets are *launched*
+// strictly in bucket order, so that every rank issues the same collectives in
+// the same order even if gradients become ready in a different order: the
+// communication hook (default: divide by world size, allreduce) runs
+// asynchronously while backward goes on. When the last bucket has launched,
+// `finalize_backward` is queued to run when backward ends: it waits for every
+// bucket and writes the reduced values back into the gradients.
+//
+// find_unused_parameters: after forward we walk the autograd graph from the
+// outputs; variables whose accumulator is not reached are *unused* and are
+// marked ready (with their current gradient, or zeros) at the first hook. A
+// per-variable usage count is allreduced too, and a variable unused on every
+// rank keeps its gradient untouched.
+//
+// After the first iteration the buckets are rebuilt in the order gradients
+// actually became ready, using rank 0's order on every rank (broadcast).
+//
+// Note [Bucket views]: `Bucket::views[k]` aliases
+// `buffer.narrow(0, offset_k, numel_k)` shaped like variable k. With
+// gradient_as_bucket_view the parameter's `grad()` *is* that view, so the
+// allreduce result lands in the gradient with no copy; autograd then
+// accumulates into the view in place. If the user replaces the gradient
+// (e.g. zero_grad with set_to_none), the next mark-ready copies the new
+// gradient into the view and points `grad()` back at it.
+
+#include "reducer/reducer.h"
+
+#include <ATen/ATen.h>
+#include <torch/csrc/autograd/engine.h>
+#include <torch/csrc/autograd/utils/lambda_post_hook.h>
+#include <torch/csrc/autograd/variable.h>
+
+#include <unordered_set>
+
+#include "internal/check.h"
+#include "internal/logging.h"
+#include "reducer/bucket_assignment.h"
+
+namespace ddp::internal {
+
+namespace {
+using Clock = std::chrono::steady_clock;
+
+double ms_between(Clock::time_point from, Clock::time_point to) {
+  return std::chrono::duration<double, std::milli>(to - from).count();
+}
+} // namespace
+
+Reducer::Reducer(std::vector<at::Tensor> parameters, std::vector<std::string> names,
+                 std::shared_ptr<ProcessGroup> group, ReducerConfig config)
+    : parameters_(std::move(parameters)),
+      names_(std::move(names)),
+      group_(std::move(group)),
+      config_(config),
+      comm_hook_(comm_hooks::allreduce()) {
+  const size_t n = parameters_.size();
+  ready_.assign(n, false);
+  used_since_sync_.assign(n, false);
+  usage_ = at::zeros({static_cast<int64_t>(n)}, at::kInt);
+
+  std::vector<GradientSpec> specs;
+  for (const auto& p : parameters_) {
+    specs.push_back({p.scalar_type(), p.device(), static_cast<size_t>(p.nbytes())});
+  }
+  initialize_buckets(compute_bucket_assignment_by_size(
+      specs, {config_.first_bucket_bytes, config_.bucket_bytes}));
+
+  for (size_t i = 0; i < n; ++i) {
+    auto accumulator = torch::autograd::impl::grad_accumulator(parameters_[i]);
+    DDP_INTERNAL_ASSERT(accumulator != nullptr, "parameter ", names_[i], " has no gradient accumulator");
+    // The hook runs on the autograd engine thread; `this` outlives it because
+    // the destructor removes the hook first.
+    hook_keys_.push_back(accumulator->add_post_hook(
+        std::make_unique<torch::autograd::utils::LambdaPostHook>(
+            [this, i](const torch::autograd::variable_list& outputs,
+                      const torch::autograd::variable_list& /*inputs*/) {
+              autograd_hook(i);
+              return outputs;
+            })));
+    grad_accumulators_.push_back(std::move(accumulator));
+  }
+}
+
+Reducer::~Reducer() {
+  for (size_t i = 0; i < grad_accumulators_.size(); ++i) {
+    grad_accumulators_[i]->del_post_hook(hook_keys_[i]);
+  }
+}
+
+std::string Reducer::who() const {
+  return c10::str("[rank ", group_->rank(), "/", group_->size(), "] DistributedDataParallel");
+}
+
+std::string Reducer::names_of(const std::vector<size_t>& indices) const {
+  std::string text;
+  for (size_t k = 0; k < indices.size(); ++k) {
+    text += (k == 0 ? "" : ", ") + names_[indices[k]];
+  }
+  return text;
+}
+
+double Reducer::ms_since_first_gradient() const {
+  return ms_between(first_gradient_time_, Clock::now());
+}
+
+void Reducer::initialize_buckets(const std::vector<std::vector<size_t>>& assignment) {
+  std::vector<Bucket> buckets;
+  std::vector<VariableLocator> locators(parameters_.size());
+  for (size_t b = 0; b < assignment.size(); ++b) {
+    Bucket bucket;
+    int64_t total = 0;
+    for (size_t index : assignment[b]) {
+      total += parameters_[index].numel();
+    }
+    const auto& first = parameters_[assignment[b].front()];
+    bucket.buffer = at::zeros({total}, first.options().requires_grad(false));
+    int64_t offset = 0;
+    for (size_t k = 0; k < assignment[b].size(); ++k) {
+      const size_t index = assignment[b][k];
+      const auto& p = parameters_[index];
+      auto view = bucket.buffer.narrow(0, offset, p.numel()).view(p.sizes());
+      // See Note [Bucket views]: keep the gradient the user already has.
+      if (config_.gradient_as_bucket_view && p.grad().defined()) {
+        view.copy_(p.grad());
+        const_cast<at::Tensor&>(p).mutable_grad() = view;
+      }
+      bucket.views.push_back(view);
+      bucket.variable_indices.push_back(index);
+      locators[index] = {b, k};
+      offset += p.numel();
+    }
+    buckets.push_back(std::move(bucket));
+  }
+  buckets_ = std::move(buckets);
+  locators_ = std::move(locators);
+}
+
+bool Reducer::require_sync() const {
+  std::lock_guard<std::mutex> lock(mutex_);
+  return require_sync_;
+}
+
+void Reducer::set_require_sync(bool value) {
+  std::lock_guard<std::mutex> lock(mutex_);
+  require_sync_ = value;
+}
+
+void Reducer::set_comm_hook(CommHook hook) {
+  std::lock_guard<std::mutex> lock(mutex_);
+  DDP_CHECK(hook != nullptr, who(), ": register_comm_hook: the hook is empty");
+  DDP_CHECK(state_ == State::kIdle && iteration_ == 0, who(),
+            ": register_comm_hook must be called before the first backward");
+  comm_hook_ = std::move(hook);
+}
+
+// ---- Forward side --------------------------------------------------------------
+
+void Reducer::prepare_for_forward() {
+  std::lock_guard<std::mutex> lock(mutex_);
+  if (state_ == State::kReducing || state_ == State::kFinalizing) {
+    std::vector<size_t> missing;
+    for (size_t i = 0; i < ready_.size(); ++i) {
+      if (!ready_[i]) {
+        missing.push_back(i);
+      }
+    }
+    const std::string message = c10::str(
+        who(), ": expected to have finished reduction in the prior iteration before starting a "
+        "new one. The previous backward produced no gradient for ",
+        missing.size(), " parameter(s): ", names_of(missing),
+        ". Either make every parameter take part in computing the loss on every rank, or "
+        "construct DistributedDataParallel with "
+        "DistributedDataParallelOptions().find_unused_parameters(true).");
+    // Leave the reducer usable in case the caller handles the error.
+    reset_iteration();
+    throw_check_error(__func__, __FILE__, __LINE__, message);
+  }
+  // A forward with no backward since (evaluation with gradients on): nothing
+  // was reduced, so nothing is owed.
+  reset_iteration();
+  rebuild_buckets_if_due();
+}
+
+void Reducer::rebuild_buckets_if_due() {
+  // As PyTorch: once, after the first iteration, and not when unused
+  // parameters may differ from one iteration to the next.
+  if (buckets_rebuilt_ || iteration_ < 1 || config_.find_unused_parameters) {
+    return;
+  }
+  buckets_rebuilt_ = true;
+  const int64_t n = static_cast<int64_t>(parameters_.size());
+  auto order = at::full({n}, -1, at::kLong);
+  if (ready_order_.size() == parameters_.size()) {
+    for (int64_t k = 0; k < n; ++k) {
+      order[k] = static_cast<int64_t>(ready_order_[k]);
+    }
+  }
+  if (group_->size() > 1) {
+    // Every rank takes rank 0's order, so that all build the same buckets.
+    group_->broadcast(order, {0})->wait();
+  }
+  if (n == 0 || order[0].item<int64_t>() < 0) {
+    return; // rank 0 has no complete order (e.g. it only shadowed): keep the buckets
+  }
+  std::vector<size_t> fill_order(n);
+  for (int64_t k = 0; k < n; ++k) {
+    fill_order[k] = static_cast<size_t>(order[k].item<int64_t>());
+  }
+  std::vector<GradientSpec> specs;
+  for (const auto& p : parameters_) {
+    specs.push_back({p.scalar_type(), p.device(), static_cast<size_t>(p.nbytes())});
+  }
+  initialize_buckets(compute_bucket_assignment_by_size(
+      specs, {config_.first_bucket_bytes, config_.bucket_bytes}, fill_order));
+}
+
+void Reducer::reset_iteration() {
+  state_ = State::kIdle;
+  std::fill(ready_.begin(), ready_.end(), false);
+  for (auto& bucket : buckets_) {
+    bucket.pending = bucket.variable_indices.size();
+    bucket.work.reset();
+    bucket.launch_ms = 0;
+  }
+  next_bucket_ = 0;
+  unused_.clear();
+  usage_work_.reset();
+}
+
+void Reducer::prepare_for_backward(const std::vector<at::Tensor>& outputs) {
+  std::lock_guard<std::mutex> lock(mutex_);
+  if (!require_sync_) {
+    return;
+  }
+  reset_iteration();
+  state_ = State::kArmed;
+  if (!config_.find_unused_parameters) {
+    return;
+  }
+  DDP_CHECK(!outputs.empty(), who(),
+            ": find_unused_parameters needs the tensors of the forward's output, but the wrapped "
+            "module's forward returned a type DDP cannot look into (supported: a tensor, a "
+            "std::vector of tensors, a std::tuple of those)");
+  // Walk the autograd graph from the outputs; accumulators not reached belong
+  // to unused parameters.
+  std::unordered_set<torch::autograd::Node*> seen;
+  std::vector<torch::autograd::Node*> stack;
+  for (const auto& output : outputs) {
+    if (output.defined() && output.grad_fn()) {
+      stack.push_back(output.grad_fn().get());
+    }
+  }
+  while (!stack.empty()) {
+    auto* node = stack.back();
+    stack.pop_back();
+    if (!seen.insert(node).second) {
+      continue;
+    }
+    for (const auto& edge : node->next_edges()) {
+      if (edge.function) {
+        stack.push_back(edge.function.get());
+      }
+    }
+  }
+  for (size_t i = 0; i < grad_accumulators_.size(); ++i) {
+    if (seen.count(grad_accumulators_[i].get()) == 0) {
+      unused_.push_back(i);
+    }
+  }
+}
+
+// ---- Backward side (autograd engine thread) ---------------------------------------
+
+void Reducer::autograd_hook(size_t index) {
+  std::lock_guard<std::mutex> lock(mutex_);
+  used_since_sync_[index] = true;
+  if (!require_sync_ || state_ == State::kIdle) {
+    // no_sync(), or a backward that did not start from a DDP forward:
+    // gradients just accumulate locally.
+    return;
+  }
+  if (state_ == State::kArmed) {
+    state_ = State::kReducing;
+    first_gradient_time_ = Clock::now();
+    for (size_t unused : unused_) {
+      mark_variable_ready(unused);
+    }
+  }
+  mark_variable_ready(index);
+}
+
+void Reducer::mark_variable_ready(size_t index) {
+  DDP_CHECK(state_ == State::kReducing, who(), ": parameter '", names_[index],
+            "' got a gradient after all buckets were reduced in this iteration. A parameter "
+            "must get at most one gradient per backward: this happens with two backward passes "
+            "over one forward (retain_graph), or when find_unused_parameters counted it as unused "
+            "but it was used after all");
+  DDP_CHECK(!ready_[index], who(), ": parameter '", names_[index],
+            "' was marked ready twice in one iteration (two backward passes over one forward, a "
+            "parameter shared between modules, or a reentrant backward); DDP reduces each "
+            "gradient once per iteration");
+  ready_[index] = true;
+  if (iteration_ == 0 && !shadowing_) {
+    ready_order_.push_back(index);
+  }
+  const auto& locator = locators_[index];
+  Bucket& bucket = buckets_[locator.bucket_index];
+  at::Tensor& view = bucket.views[locator.intra_bucket_index];
+  const auto& param = parameters_[index];
+  const at::Tensor& grad = param.grad();
+  if (shadowing_ || !grad.defined()) {
+    view.zero_();
+  } else if (config_.gradient_as_bucket_view) {
+    if (!grad.is_alias_of(view)) {
+      view.copy_(grad);
+      const_cast<at::Tensor&>(param).mutable_grad() = view;
+    }
+  } else {
+    view.copy_(grad);
+  }
+  last_gradient_ms_ = ms_since_first_gradient();
+  if (--bucket.pending == 0) {
+    launch_ready_buckets();
+  }
+}
+
+void Reducer::launch_ready_buckets() {
+  while (next_bucket_ < buckets_.size() && buckets_[next_bucket_].pending == 0) {
+    launch_bucket(next_bucket_, buckets_[next_bucket_].buffer);
+    ++next_bucket_;
+  }
+  if (next_bucket_ < buckets_.size()) {
+    return;
+  }
+  if (config_.find_unused_parameters) {
+    usage_ = at::zeros({static_cast<int64_t>(used_since_sync_.size())}, at::kInt);
+    if (!shadowing_) {
+      for (size_t i = 0; i < used_since_sync_.size(); ++i) {
+        usage_[i] = used_since_sync_[i] ? 1 : 0;
+      }
+    }
+    usage_work_ = group_->size() > 1 ? group_->allreduce(usage_) : Work::completed({usage_});
+  }
+  state_ = State::kFinalizing;
+  if (shadowing_) {
+    return; // shadow_backward finalizes by itself
+  }
+  // Runs when the whole backward pass has finished, on the engine thread.
+  torch::autograd::Engine::get_default_engine().queue_callback([this] { finalize_backward(); });
+}
+
+void Reducer::launch_bucket(size_t bucket_index, const at::Tensor& buffer) {
+  Bucket& bucket = buckets_[bucket_index];
+  std::vector<std::string> names;
+  for (size_t index : bucket.variable_indices) {
+    names.push_back(names_[index]);
+  }
+  GradBucket grad_bucket(bucket_index, buckets_.size(), buffer, bucket.views, std::move(names));
+  bucket.launch_ms = ms_since_first_gradient();
+  auto work = comm_hook_(*group_, grad_bucket);
+  DDP_CHECK(work != nullptr, who(), ": the communication hook returned no Work for bucket ",
+            bucket_index);
+  bucket.work = std::move(work);
+}
+
+void Reducer::finalize_backward() {
+  std::lock_guard<std::mutex> lock(mutex_);
+  try {
+    finalize_backward_locked();
+  } catch (...) {
+    // A failed reduction leaves nothing owed: the error itself reaches the
+    // caller of backward(), and the next forward must not report it again.
+    std::fill(used_since_sync_.begin(), used_since_sync_.end(), false);
+    reset_iteration();
+    throw;
+  }
+}
+
+void Reducer::finalize_backward_locked() {
+  DDP_INTERNAL_ASSERT(state_ == State::kFinalizing);
+  const auto wait_start = Clock::now();
+  for (size_t b = 0; b < buckets_.size(); ++b) {
+    Bucket& bucket = buckets_[b];
+    bucket.work->wait();
+    const auto& result = bucket.work->result();
+    DDP_CHECK(!result.empty() && result[0].numel() == bucket.buffer.numel(), who(),
+              ": the communication hook's result for bucket ", b, " has ",
+              result.empty() ? 0 : result[0].numel(), " elements, expected ",
+              bucket.buffer.numel());
+    if (!result[0].is_same(bucket.buffer)) {
+      bucket.buffer.copy_(result[0].reshape({-1}));
+    }
+  }
+  at::Tensor global_usage;
+  if (usage_work_) {
+    usage_work_->wait();
+    global_usage = usage_;
+  }
+  const double comm_wait_ms = ms_between(wait_start, Clock::now());
+
+  for (size_t index = 0; index < parameters_.size(); ++index) {
+    if (global_usage.defined() && global_usage[index].item<int>() == 0) {
+      continue; // unused on every rank: its gradient stays as it was
+    }
+    const auto& locator = locators_[index];
+    const at::Tensor& view = buckets_[locator.bucket_index].views[locator.intra_bucket_index];
+    auto& param = const_cast<at::Tensor&>(parameters_[index]);
+    at::Tensor& grad = param.mutable_grad();
+    if (config_.gradient_as_bucket_view) {
+      if (!grad.defined() || !grad.is_alias_of(view)) {
+        grad = view;
+      }
+    } else if (grad.defined()) {
+      grad.copy_(view);
+    } else {
+      grad = view.clone();
+    }
+  }
+
+  // Insight.
+  IterationInsight insight;
+  insight.iteration = iteration_ + 1;
+  insight.forward_ms = insight_.forward_ms;
+  insight.backward_compute_ms = last_gradient_ms_;
+  insight.comm_wait_ms = comm_wait_ms;
+  double overlapped = 0;
+  for (size_t b = 0; b < buckets_.size(); ++b) {
+    const Bucket& bucket = buckets_[b];
+    BucketInsight info;
+    info.index = b;
+    for (size_t index : bucket.variable_indices) {
+      info.parameter_names.push_back(names_[index]);
+    }
+    info.dtype = c10::toString(bucket.buffer.scalar_type());
+    info.bytes = static_cast<size_t>(bucket.buffer.nbytes());
+    info.launch_ms = bucket.launch_ms;
+    info.done_ms = ms_between(first_gradient_time_, bucket.work->completion_time());
+    insight.comm_ms += info.done_ms - info.launch_ms;
+    overlapped += std::max(0.0, std::min(info.done_ms, last_gradient_ms_) - info.launch_ms);
+    insight.buckets.push_back(std::move(info));
+  }
+  insight.overlap_fraction = insight.comm_ms > 0 ? overlapped / insight.comm_ms : 0;
+  insight.first_bucket_started_before_backward_end =
+      !buckets_.empty() && buckets_[0].launch_ms < last_gradient_ms_;
+  insight_ = std::move(insight);
+  if (config_.print_insight && group_->rank() == 0) {
+    log_info(insight_.to_string());
+  }
+
+  ++iteration_;
+  std::fill(used_since_sync_.begin(), used_since_sync_.end(), false);
+  reset_iteration();
+}
+
+void Reducer::shadow_backward() {
+  std::unique_lock<std::mutex> lock(mutex_);
+  reset_iteration();
+  shadowing_ = true;
+  state_ = State::kReducing;
+  first_gradient_time_ = Clock::now();
+  // Zero buffers in place of the real ones: this rank's gradients stay as
+  // they are, and the reduced values are discarded.
+  for (size_t b = 0; b < buckets_.size(); ++b) {
+    launch_bucket(b, at::zeros_like(buckets_[b].buffer));
+    buckets_[b].pending = 0;
+  }
+  next_bucket_ = buckets_.size();
+  std::fill(ready_.begin(), ready_.end(), true);
+  if (config_.find_unused_parameters) {
+    usage_ = at::zeros({static_cast<int64_t>(used_since_sync_.size())}, at::kInt);
+    usage_work_ = group_->size() > 1 ? group_->allreduce(usage_) : Work::completed({usage_});
+  }
+  std::exception_ptr error;
+  try {
+    for (auto& bucket : buckets_) {
+      bucket.work->wait();
+    }
+    if (usage_work_) {
+      usage_work_->wait();
+    }
+  } catch (...) {
+    error = std::current_exception();
+  }
+  shadowing_ = false;
+  ++iteration_;
+  reset_iteration();
+  if (error) {
+    std::rethrow_exception(error);
+  }
+}
+
+void Reducer::record_forward_ms(double ms) {
+  std::lock_guard<std::mutex> lock(mutex_);
+  insight_.forward_ms = ms;
+}
+
+IterationInsight Reducer::last_insight() const {
+  std::lock_guard<std::mutex> lock(mutex_);
+  return insight_;
+}
+
+std::vector<BucketInsight> Reducer::layout() const {
+  std::lock_guard<std::mutex> lock(mutex_);
+  std::vector<BucketInsight> layout;
+  for (size_t b = 0; b < buckets_.size(); ++b) {
+    BucketInsight info;
+    info.index = b;
+    for (size_t index : buckets_[b].variable_indices) {
+      info.parameter_names.push_back(names_[index]);
+    }
+    info.dtype = c10::toString(buckets_[b].buffer.scalar_type());
+    info.bytes = static_cast<size_t>(buckets_[b].buffer.nbytes());
+    layout.push_back(std::move(info));
+  }
+  return layout;
+}
+
+} // namespace ddp::internal

@@ -1,0 +1,136 @@
+#pragma once
+
+// The Reducer: DistributedDataParallel's gradient machinery (private header).
+// See the narrative at the top of reducer.cpp.
+
+#include <ATen/core/Tensor.h>
+#include <torch/csrc/autograd/function.h>
+
+#include <chrono>
+#include <cstdint>
+#include <memory>
+#include <mutex>
+#include <string>
+#include <vector>
+
+#include <ddp/comm/process_group.h>
+#include <ddp/nn/comm_hooks.h>
+#include <ddp/nn/distributed_data_parallel.h>
+
+namespace ddp::internal {
+
+struct ReducerConfig {
+  size_t first_bucket_bytes = 1 << 20;
+  size_t bucket_bytes = 25 << 20;
+  bool find_unused_parameters = false;
+  bool gradient_as_bucket_view = false;
+  bool print_insight = false; // DDP_DEBUG=1, on rank 0
+};
+
+// Thread-safety: the training thread calls the public methods; the autograd
+// engine calls `autograd_hook` and `finalize_backward` on its thread during
+// backward. All shared state is guarded by `mutex_`.
+class Reducer {
+ public:
+  Reducer(std::vector<at::Tensor> parameters, std::vector<std::string> names,
+          std::shared_ptr<ProcessGroup> group, ReducerConfig config);
+  // Removes the gradient hooks; waits for nothing (pending Work keeps its
+  // tensors alive by itself).
+  ~Reducer();
+
+  Reducer(const Reducer&) = delete;
+  Reducer& operator=(const Reducer&) = delete;
+
+  // Start of a forward: fails if the previous backward left a reduction
+  // unfinished, and rebuilds the buckets after the first iteration (a
+  // collective: rank 0's gradient order is broadcast).
+  void prepare_for_forward();
+
+  // End of a forward with gradients enabled: arms the hooks for the coming
+  // backward; with find_unused_parameters, walks the graph from `outputs`.
+  void prepare_for_backward(const std::vector<at::Tensor>& outputs);
+
+  // Issues exactly the collectives of a synchronised backward, with zero
+  // gradients, leaving this rank's gradients untouched (ddp::Join).
+  void shadow_backward();
+
+  bool require_sync() const;
+  void set_require_sync(bool value);
+
+  void set_comm_hook(CommHook hook);
+
+  // Time the last forward took, for the insight figures.
+  void record_forward_ms(double ms);
+
+  IterationInsight last_insight() const;
+  std::vector<BucketInsight> layout() const;
+
+ private:
+  // Where a variable's gradient lives: bucket and position in it.
+  struct VariableLocator {
+    size_t bucket_index = 0;
+    size_t intra_bucket_index = 0;
+  };
+
+  // One flat buffer of gradients; see Note [Bucket views] in reducer.cpp.
+  struct Bucket {
+    at::Tensor buffer;
+    std::vector<at::Tensor> views; // per variable, shaped like its parameter
+    std::vector<size_t> variable_indices;
+    size_t pending = 0; // variables not yet ready this iteration
+    std::shared_ptr<Work> work;
+    double launch_ms = 0;
+  };
+
+  // Where an iteration is. kArmed: forward ran, no gradient yet; kReducing:
+  // some gradients ready, buckets being launched; kFinalizing: all launched,
+  // finalize queued.
+  enum class State { kIdle, kArmed, kReducing, kFinalizing };
+
+  void autograd_hook(size_t index);
+  void mark_variable_ready(size_t index);
+  void launch_ready_buckets();
+  void launch_bucket(size_t bucket_index, const at::Tensor& buffer);
+  void finalize_backward();
+  void finalize_backward_locked();
+  void initialize_buckets(const std::vector<std::vector<size_t>>& assignment);
+  void rebuild_buckets_if_due();
+  void reset_iteration();
+  std::string who() const;
+  std::string names_of(const std::vector<size_t>& indices) const;
+  double ms_since_first_gradient() const;
+
+  const std::vector<at::Tensor> parameters_;
+  const std::vector<std::string> names_;
+  const std::shared_ptr<ProcessGroup> group_;
+  const ReducerConfig config_;
+
+  // Gradient accumulators are held only weakly by their parameters: keep
+  // them alive so that the hooks stay installed.
+  std::vector<std::shared_ptr<torch::autograd::Node>> grad_accumulators_;
+  std::vector<uintptr_t> hook_keys_;
+
+  mutable std::mutex mutex_;
+  CommHook comm_hook_;                    // guarded by mutex_
+  std::vector<Bucket> buckets_;           // guarded by mutex_
+  std::vector<VariableLocator> locators_; // guarded by mutex_
+  State state_ = State::kIdle;            // guarded by mutex_
+  bool require_sync_ = true;              // guarded by mutex_
+  int64_t iteration_ = 0;                 // synchronised iterations finished
+  bool buckets_rebuilt_ = false;
+  std::vector<bool> ready_;               // per variable, this iteration
+  std::vector<bool> used_since_sync_;     // per variable: got a gradient
+  std::vector<size_t> unused_;            // from the graph walk
+  std::vector<size_t> ready_order_;       // first iteration, for rebuilding
+  size_t next_bucket_ = 0;
+  at::Tensor usage_;                      // int32 per variable, allreduced
+  std::shared_ptr<Work> usage_work_;
+  bool shadowing_ = false;
+
+  // Insight.
+  std::chrono::steady_clock::time_point first_gradient_time_;
+  double last_gradient_ms_ = 0;
+  IterationInsight insight_;
+};
+
+} // namespace ddp::internal
