@@ -26,8 +26,10 @@
 // After the first iteration the buckets are rebuilt in the order gradients
 // actually became ready, using rank 0's order on every rank (broadcast).
 //
-// Note [Bucket views]: `Bucket::views[k]` aliases
-// `buffer.narrow(0, offset_k, numel_k)` shaped like variable k. With
+// Note [Bucket views]: `Bucket::views[k]` aliases elements
+// [offset_k, offset_k + numel_k) of `buffer`, shaped like variable k. It
+// shares the buffer's storage but is not an autograd view of it, because
+// LibTorch's Optimizer::zero_grad() calls detach_(), which views refuse. With
 // gradient_as_bucket_view the parameter's `grad()` *is* that view, so the
 // allreduce result lands in the gradient with no copy; autograd then
 // accumulates into the view in place. If the user replaces the gradient
@@ -129,7 +131,11 @@ void Reducer::initialize_buckets(const std::vector<std::vector<size_t>>& assignm
     for (size_t k = 0; k < assignment[b].size(); ++k) {
       const size_t index = assignment[b][k];
       const auto& p = parameters_[index];
-      auto view = bucket.buffer.narrow(0, offset, p.numel()).view(p.sizes());
+      // Shares the buffer's storage without being an autograd view, so that
+      // LibTorch's Optimizer::zero_grad() may detach_() it (it cannot detach
+      // a view in place).
+      auto view = at::empty({0}, bucket.buffer.options());
+      view.set_(bucket.buffer.storage(), offset, p.sizes(), c10::contiguous_strides(p.sizes()));
       // See Note [Bucket views]: keep the gradient the user already has.
       if (config_.gradient_as_bucket_view && p.grad().defined()) {
         view.copy_(p.grad());
