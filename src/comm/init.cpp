@@ -11,6 +11,9 @@
 #include <ddp/comm/hash_store.h>
 #include <ddp/comm/process_group_gloo.h>
 #include <ddp/comm/tcp_store.h>
+#ifdef DDP_WITH_NCCL
+#include <ddp/comm/process_group_nccl.h>
+#endif
 
 #include "internal/check.h"
 #include "internal/env.h"
@@ -164,6 +167,19 @@ std::shared_ptr<ProcessGroup> create_group(std::shared_ptr<Store> store, int ran
                                            const InitOptions& options, const std::string& master_addr) {
   DDP_CHECK(store != nullptr, "init_process_group: the store is null");
   Backend backend = options.backend();
+#ifdef DDP_WITH_NCCL
+  if (backend == Backend::kAuto) {
+    backend = ProcessGroupNCCL::is_available() ? Backend::kNccl : Backend::kGloo;
+  }
+  if (backend == Backend::kNccl) {
+    // The device is the one of the first tensors, or LOCAL_RANK's (see
+    // ProcessGroupNCCLOptions::device_index).
+    return ProcessGroupNCCL::create(std::move(store), rank, world_size,
+                                    ProcessGroupNCCLOptions()
+                                        .timeout(options.timeout())
+                                        .group_name(options.group_name()));
+  }
+#else
   if (backend == Backend::kAuto) {
     backend = Backend::kGloo;
   }
@@ -171,6 +187,7 @@ std::shared_ptr<ProcessGroup> create_group(std::shared_ptr<Store> store, int ran
             "] init_process_group: this ddp was built without the NCCL backend (it needs a "
             "LibTorch with CUDA and NCCL at build time, see DDP_WITH_NCCL); use Backend::kGloo, "
             "which also accepts CUDA tensors");
+#endif
   return ProcessGroupGloo::create(std::move(store), rank, world_size,
                                   ProcessGroupGlooOptions()
                                       .timeout(options.timeout())

@@ -223,6 +223,15 @@ class ProcessGroupGloo::Impl {
                              ", chosen from ", choice.reason, "): ", e.what()));
     }
     context_ = std::move(context);
+    // Nobody leaves rendezvous before everyone is connected: a rank that
+    // destroyed its group at once would otherwise close connections a slower
+    // peer is still setting up (PyTorch's store-based barrier does the same).
+    store_->set(c10::str(prefix, "connected/", group_.rank()), "1");
+    std::vector<std::string> connected;
+    for (int r = 0; r < group_.size(); ++r) {
+      connected.push_back(c10::str(prefix, "connected/", r));
+    }
+    store_->wait(connected, timeout);
   }
 
   void run_worker() {

@@ -19,6 +19,13 @@ std::string who(const ProcessGroup& group, const char* op) {
   return c10::str("[rank ", group.rank(), "/", group.size(), "] ", op);
 }
 
+// Where the model's tensors live; small control tensors go there too, since
+// NCCL communicates device tensors only.
+c10::Device model_device(const DistributedDataParallel& model) {
+  const auto parameters = model->module()->parameters();
+  return parameters.empty() ? c10::Device(c10::kCPU) : parameters[0].device();
+}
+
 // Writes with `write(tmp)` then renames tmp to `path`: readers never see a
 // partial file.
 template <typename Write>
@@ -55,21 +62,45 @@ void save(const DistributedDataParallel& model, torch::optim::Optimizer* optimiz
   }
   // Every rank learns whether rank 0 succeeded, then all meet at a barrier so
   // that nobody reads the file before it is complete.
-  auto failed = at::full({1}, error.empty() ? 0 : 1, at::kInt);
+  auto failed = at::full({1}, error.empty() ? 0 : 1,
+                         at::TensorOptions(at::kInt).device(model_device(model)));
   group.broadcast(failed, {0})->wait();
   group.barrier()->wait();
-  DDP_CHECK(failed.item<int>() == 0, prefix, ": rank 0 could not write '", path, "'",
+  DDP_CHECK(failed.cpu().item<int>() == 0, prefix, ": rank 0 could not write '", path, "'",
             error.empty() ? std::string(" (see rank 0's error)") : ": " + error);
+}
+
+// Copies the archive's values into `module`'s tensors, recursively. A copy
+// keeps each parameter's identity and gradient accumulator, where
+// torch::load would set_() a new storage into it (as PyTorch's
+// load_state_dict copies too).
+void copy_from_archive(torch::nn::Module& module, torch::serialize::InputArchive& archive) {
+  at::NoGradGuard no_grad;
+  for (const auto& item : module.named_parameters(/*recurse=*/false)) {
+    at::Tensor value;
+    archive.read(item.key(), value);
+    item.value().copy_(value);
+  }
+  for (const auto& item : module.named_buffers(/*recurse=*/false)) {
+    at::Tensor value;
+    archive.read(item.key(), value, /*is_buffer=*/true);
+    item.value().copy_(value);
+  }
+  for (const auto& child : module.named_children()) {
+    torch::serialize::InputArchive child_archive;
+    archive.read(child.key(), child_archive);
+    copy_from_archive(*child.value(), child_archive);
+  }
 }
 
 void load(DistributedDataParallel& model, torch::optim::Optimizer* optimizer,
           const std::string& path) {
   ProcessGroup& group = *model->process_group();
-  const auto parameters = model->module()->parameters();
-  const c10::Device device = parameters.empty() ? c10::Device(c10::kCPU) : parameters[0].device();
+  const c10::Device device = model_device(model);
   try {
-    auto module = model->module();
-    torch::load(module, path, device);
+    torch::serialize::InputArchive archive;
+    archive.load_from(path, device);
+    copy_from_archive(*model->module(), archive);
     if (optimizer != nullptr) {
       torch::load(*optimizer, path + ".optimizer", device);
     }

@@ -66,8 +66,8 @@ std::vector<ParameterSignature> decode(const std::string& text) {
 // Every rank learns every rank's parameter list; if any differs from rank
 // 0's, every rank raises the same error naming the first difference.
 void verify_same_parameters(ProcessGroup& group, const std::vector<std::string>& names,
-                            const std::vector<at::Tensor>& tensors) {
-  const auto all = internal::allgather_strings(group, encode(names, tensors));
+                            const std::vector<at::Tensor>& tensors, c10::Device device) {
+  const auto all = internal::allgather_strings(group, encode(names, tensors), device);
   const auto reference = decode(all[0]);
   for (int r = 1; r < group.size(); ++r) {
     const auto theirs = decode(all[r]);
@@ -189,7 +189,9 @@ DistributedDataParallelImpl::DistributedDataParallelImpl(detail::Forwarder forwa
 
   // Construction is a synchronisation point: agree on the model, then take
   // rank 0's values.
-  verify_same_parameters(*group_, names, parameters);
+  verify_same_parameters(*group_, names, parameters,
+                         all_parameters.empty() ? c10::Device(c10::kCPU)
+                                                : all_parameters.front().device());
   std::vector<at::Tensor> state = all_parameters;
   state.insert(state.end(), buffers_.begin(), buffers_.end());
   internal::broadcast_coalesced(*group_, state, 0);

@@ -35,28 +35,37 @@ void broadcast_coalesced(ProcessGroup& group, const std::vector<at::Tensor>& ten
   }
 }
 
-std::vector<std::string> allgather_strings(ProcessGroup& group, const std::string& mine) {
+std::vector<std::string> allgather_strings(ProcessGroup& group, const std::string& mine,
+                                           c10::Device device) {
   const int size = group.size();
   if (size == 1) {
     return {mine};
   }
-  auto length = at::full({1}, static_cast<int64_t>(mine.size()), at::kLong);
+  const auto long_options = at::TensorOptions(at::kLong).device(device);
+  auto length = at::full({1}, static_cast<int64_t>(mine.size()), long_options);
   std::vector<at::Tensor> lengths;
   for (int r = 0; r < size; ++r) {
-    lengths.push_back(at::empty({1}, at::kLong));
+    lengths.push_back(at::empty({1}, long_options));
   }
   group.allgather(lengths, length)->wait();
+  for (auto& l : lengths) {
+    l = l.cpu();
+  }
   int64_t longest = 0;
   for (const auto& l : lengths) {
     longest = std::max(longest, l.item<int64_t>());
   }
   auto bytes = at::zeros({longest}, at::kByte);
   std::memcpy(bytes.data_ptr(), mine.data(), mine.size());
+  bytes = bytes.to(device);
   std::vector<at::Tensor> all;
   for (int r = 0; r < size; ++r) {
-    all.push_back(at::empty({longest}, at::kByte));
+    all.push_back(at::empty({longest}, at::TensorOptions(at::kByte).device(device)));
   }
   group.allgather(all, bytes)->wait();
+  for (auto& a : all) {
+    a = a.cpu();
+  }
   std::vector<std::string> result;
   for (int r = 0; r < size; ++r) {
     result.emplace_back(static_cast<const char*>(all[r].data_ptr()),

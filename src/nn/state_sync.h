@@ -18,7 +18,9 @@ namespace ddp::internal {
 // every rank issues the same collectives. No-op in a world of size 1.
 void broadcast_coalesced(ProcessGroup& group, const std::vector<at::Tensor>& tensors, int root);
 
-// Every rank's `mine`, indexed by rank.
-std::vector<std::string> allgather_strings(ProcessGroup& group, const std::string& mine);
+// Every rank's `mine`, indexed by rank. The bytes travel in tensors on
+// `device` (NCCL moves device tensors only).
+std::vector<std::string> allgather_strings(ProcessGroup& group, const std::string& mine,
+                                           c10::Device device);
 
 } // namespace ddp::internal

@@ -65,11 +65,12 @@ Reducer::Reducer(std::vector<at::Tensor> parameters, std::vector<std::string> na
       names_(std::move(names)),
       group_(std::move(group)),
       config_(config),
+      device_(parameters_.empty() ? c10::Device(c10::kCPU) : parameters_.front().device()),
       comm_hook_(comm_hooks::allreduce()) {
   const size_t n = parameters_.size();
   ready_.assign(n, false);
   used_since_sync_.assign(n, false);
-  usage_ = at::zeros({static_cast<int64_t>(n)}, at::kInt);
+  usage_ = at::zeros({static_cast<int64_t>(n)}, at::TensorOptions(at::kInt).device(device_));
 
   std::vector<GradientSpec> specs;
   for (const auto& p : parameters_) {
@@ -78,19 +79,38 @@ Reducer::Reducer(std::vector<at::Tensor> parameters, std::vector<std::string> na
   initialize_buckets(compute_bucket_assignment_by_size(
       specs, {config_.first_bucket_bytes, config_.bucket_bytes}));
 
+  grad_accumulators_.resize(n);
+  hook_keys_.resize(n);
   for (size_t i = 0; i < n; ++i) {
     auto accumulator = torch::autograd::impl::grad_accumulator(parameters_[i]);
     DDP_INTERNAL_ASSERT(accumulator != nullptr, "parameter ", names_[i], " has no gradient accumulator");
-    // The hook runs on the autograd engine thread; `this` outlives it because
-    // the destructor removes the hook first.
-    hook_keys_.push_back(accumulator->add_post_hook(
-        std::make_unique<torch::autograd::utils::LambdaPostHook>(
-            [this, i](const torch::autograd::variable_list& outputs,
-                      const torch::autograd::variable_list& /*inputs*/) {
-              autograd_hook(i);
-              return outputs;
-            })));
-    grad_accumulators_.push_back(std::move(accumulator));
+    install_hook(i, std::move(accumulator));
+  }
+}
+
+void Reducer::install_hook(size_t index, std::shared_ptr<torch::autograd::Node> accumulator) {
+  // The hook runs on the autograd engine thread; `this` outlives it because
+  // the destructor removes the hook first.
+  hook_keys_[index] = accumulator->add_post_hook(
+      std::make_unique<torch::autograd::utils::LambdaPostHook>(
+          [this, index](const torch::autograd::variable_list& outputs,
+                        const torch::autograd::variable_list& /*inputs*/) {
+            autograd_hook(index);
+            return outputs;
+          }));
+  grad_accumulators_[index] = std::move(accumulator);
+}
+
+void Reducer::rehook_replaced_parameters() {
+  // `param.set_(...)` (what torch::load does) gives a parameter a new
+  // gradient accumulator, and our hook stays on the old one: without this,
+  // its gradient would silently stop being reduced.
+  for (size_t i = 0; i < parameters_.size(); ++i) {
+    auto current = torch::autograd::impl::try_get_grad_accumulator(parameters_[i]);
+    if (current != nullptr && current != grad_accumulators_[i]) {
+      grad_accumulators_[i]->del_post_hook(hook_keys_[i]);
+      install_hook(i, std::move(current));
+    }
   }
 }
 
@@ -214,7 +234,9 @@ void Reducer::rebuild_buckets_if_due() {
   }
   if (group_->size() > 1) {
     // Every rank takes rank 0's order, so that all build the same buckets.
-    group_->broadcast(order, {0})->wait();
+    auto on_device = order.to(device_);
+    group_->broadcast(on_device, {0})->wait();
+    order = on_device.cpu();
   }
   if (n == 0 || order[0].item<int64_t>() < 0) {
     return; // rank 0 has no complete order (e.g. it only shadowed): keep the buckets
@@ -251,6 +273,7 @@ void Reducer::prepare_for_backward(const std::vector<at::Tensor>& outputs) {
   }
   reset_iteration();
   state_ = State::kArmed;
+  rehook_replaced_parameters();
   if (!config_.find_unused_parameters) {
     return;
   }
@@ -350,12 +373,14 @@ void Reducer::launch_ready_buckets() {
     return;
   }
   if (config_.find_unused_parameters) {
-    usage_ = at::zeros({static_cast<int64_t>(used_since_sync_.size())}, at::kInt);
+    auto usage = at::zeros({static_cast<int64_t>(used_since_sync_.size())}, at::kInt);
     if (!shadowing_) {
+      auto* flags = usage.data_ptr<int>();
       for (size_t i = 0; i < used_since_sync_.size(); ++i) {
-        usage_[i] = used_since_sync_[i] ? 1 : 0;
+        flags[i] = used_since_sync_[i] ? 1 : 0;
       }
     }
+    usage_ = usage.to(device_);
     usage_work_ = group_->size() > 1 ? group_->allreduce(usage_) : Work::completed({usage_});
   }
   state_ = State::kFinalizing;
@@ -411,12 +436,12 @@ void Reducer::finalize_backward_locked() {
   at::Tensor global_usage;
   if (usage_work_) {
     usage_work_->wait();
-    global_usage = usage_;
+    global_usage = usage_.cpu();
   }
   const double comm_wait_ms = ms_between(wait_start, Clock::now());
 
   for (size_t index = 0; index < parameters_.size(); ++index) {
-    if (global_usage.defined() && global_usage[index].item<int>() == 0) {
+    if (global_usage.defined() && global_usage.data_ptr<int>()[index] == 0) {
       continue; // unused on every rank: its gradient stays as it was
     }
     const auto& locator = locators_[index];
@@ -484,7 +509,8 @@ void Reducer::shadow_backward() {
   next_bucket_ = buckets_.size();
   std::fill(ready_.begin(), ready_.end(), true);
   if (config_.find_unused_parameters) {
-    usage_ = at::zeros({static_cast<int64_t>(used_since_sync_.size())}, at::kInt);
+    usage_ = at::zeros({static_cast<int64_t>(used_since_sync_.size())},
+                       at::TensorOptions(at::kInt).device(device_));
     usage_work_ = group_->size() > 1 ? group_->allreduce(usage_) : Work::completed({usage_});
   }
   std::exception_ptr error;

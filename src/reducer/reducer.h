@@ -95,6 +95,8 @@ class Reducer {
   void finalize_backward_locked();
   void initialize_buckets(const std::vector<std::vector<size_t>>& assignment);
   void rebuild_buckets_if_due();
+  void install_hook(size_t index, std::shared_ptr<torch::autograd::Node> accumulator);
+  void rehook_replaced_parameters();
   void reset_iteration();
   std::string who() const;
   std::string names_of(const std::vector<size_t>& indices) const;
@@ -104,6 +106,7 @@ class Reducer {
   const std::vector<std::string> names_;
   const std::shared_ptr<ProcessGroup> group_;
   const ReducerConfig config_;
+  const c10::Device device_; // where the parameters, and our control tensors, live
 
   // Gradient accumulators are held only weakly by their parameters: keep
   // them alive so that the hooks stay installed.

@@ -79,7 +79,8 @@ CommHook allreduce();
 
 /// Casts the bucket to float16, divides by the world size, allreduces, and
 /// casts back. Halves the bytes sent; values beyond float16's range
-/// (about 65504) overflow.
+/// (about 65504) overflow. In a world of size 1 nothing is sent, so nothing
+/// is compressed either (PyTorch would still round to float16).
 CommHook fp16_compress();
 
 /// Like fp16_compress with bfloat16: float32's range, 8 bits of mantissa.

@@ -1,0 +1,111 @@
+#include "flags.h"
+
+#include <cerrno>
+#include <cmath>
+#include <cstdlib>
+#include <functional>
+#include <map>
+
+namespace mnist {
+
+namespace {
+
+int64_t parse_int(const std::string& flag, const std::string& text, int64_t min) {
+  char* end = nullptr;
+  errno = 0;
+  const long long value = std::strtoll(text.c_str(), &end, 10);
+  if (text.empty() || *end != '\0' || errno != 0 || value < min) {
+    throw FlagError(flag + " must be an integer >= " + std::to_string(min) + " (got '" + text +
+                    "')");
+  }
+  return value;
+}
+
+double parse_double(const std::string& flag, const std::string& text, double min, double max,
+                    const char* range) {
+  char* end = nullptr;
+  errno = 0;
+  const double value = std::strtod(text.c_str(), &end);
+  if (text.empty() || *end != '\0' || errno != 0 || !std::isfinite(value) || value < min ||
+      value > max) {
+    throw FlagError(flag + " must be a number " + range + " (got '" + text + "')");
+  }
+  return value;
+}
+
+} // namespace
+
+const char* usage() {
+  return "usage: mnist_train [flags]\n"
+         "  --epochs N             epochs to train in all (default 3)\n"
+         "  --batch-size N         examples per step on each rank (default 64)\n"
+         "  --lr X                 learning rate of SGD (default 0.01)\n"
+         "  --momentum X           momentum of SGD, in [0, 1) (default 0.9)\n"
+         "  --data DIR             read MNIST's IDX files from DIR (default: a synthetic set)\n"
+         "  --train-size N         training examples (default 6000 synthetic, all of --data)\n"
+         "  --test-size N          test examples (default 1000 synthetic, all of --data)\n"
+         "  --seed N               seed of the data, the parameters and the shuffle (default 1)\n"
+         "  --checkpoint-dir DIR   save a checkpoint there after every epoch (default: none)\n"
+         "  --resume               continue from the newest checkpoint in --checkpoint-dir\n"
+         "  --csv PATH             rank 0 writes one row of metrics per epoch there\n"
+         "  --stop-after-epoch N   exit right after saving epoch N's checkpoint\n"
+         "  -h, --help             print this and exit\n";
+}
+
+Flags parse_flags(int argc, char** argv) {
+  Flags flags;
+  // Flags that take a value, and what to do with it.
+  const std::map<std::string, std::function<void(const std::string&, const std::string&)>> with_value = {
+      {"--epochs", [&](auto& f, auto& v) { flags.epochs = parse_int(f, v, 1); }},
+      {"--batch-size", [&](auto& f, auto& v) { flags.batch_size = parse_int(f, v, 1); }},
+      {"--lr", [&](auto& f, auto& v) { flags.lr = parse_double(f, v, 1e-12, 1e6, "> 0"); }},
+      {"--momentum",
+       [&](auto& f, auto& v) { flags.momentum = parse_double(f, v, 0, 0.999999, "in [0, 1)"); }},
+      {"--data", [&](auto&, auto& v) { flags.data = v; }},
+      {"--train-size", [&](auto& f, auto& v) { flags.train_size = parse_int(f, v, 1); }},
+      {"--test-size", [&](auto& f, auto& v) { flags.test_size = parse_int(f, v, 1); }},
+      {"--seed", [&](auto& f, auto& v) { flags.seed = static_cast<uint64_t>(parse_int(f, v, 0)); }},
+      {"--checkpoint-dir", [&](auto&, auto& v) { flags.checkpoint_dir = v; }},
+      {"--csv", [&](auto&, auto& v) { flags.csv = v; }},
+      {"--stop-after-epoch", [&](auto& f, auto& v) { flags.stop_after_epoch = parse_int(f, v, 1); }},
+  };
+  for (int i = 1; i < argc; ++i) {
+    std::string arg = argv[i];
+    if (arg == "-h" || arg == "--help") {
+      flags.help = true;
+      continue;
+    }
+    if (arg == "--resume") {
+      flags.resume = true;
+      continue;
+    }
+    std::string name = arg;
+    std::optional<std::string> value;
+    if (const auto eq = arg.find('='); arg.rfind("--", 0) == 0 && eq != std::string::npos) {
+      name = arg.substr(0, eq);
+      value = arg.substr(eq + 1);
+    }
+    const auto handler = with_value.find(name);
+    if (handler == with_value.end()) {
+      throw FlagError(arg.rfind("-", 0) == 0 ? "unknown flag '" + name + "'"
+                                             : "unexpected argument '" + arg + "'");
+    }
+    if (!value) {
+      if (i + 1 >= argc) {
+        throw FlagError(name + " needs a value");
+      }
+      value = argv[++i];
+    }
+    handler->second(name, *value);
+  }
+  if (flags.resume && flags.checkpoint_dir.empty()) {
+    throw FlagError("--resume needs --checkpoint-dir (where the checkpoints are)");
+  }
+  if (flags.stop_after_epoch > 0 && flags.checkpoint_dir.empty()) {
+    throw FlagError("--stop-after-epoch needs --checkpoint-dir (stopping without a checkpoint "
+                    "would lose the epochs trained)");
+  }
+  return flags;
+}
+
+} // namespace mnist

@@ -1,0 +1,57 @@
+#pragma once
+
+// The command line of mnist_train.
+
+#include <cstdint>
+#include <optional>
+#include <stdexcept>
+#include <string>
+
+namespace mnist {
+
+/// What the command line asks for. Defaults train the synthetic set for
+/// three quick epochs.
+struct Flags {
+  /// Epochs to train in all (a resumed run counts those already done).
+  int64_t epochs = 3;
+  /// Examples per step on each rank; a step of N ranks sees N times as many.
+  int64_t batch_size = 64;
+  /// Learning rate of SGD.
+  double lr = 0.01;
+  /// Momentum of SGD.
+  double momentum = 0.9;
+  /// Directory of MNIST's IDX files; empty: the synthetic set.
+  std::string data;
+  /// Training examples: of the synthetic set (default 6000), or the first
+  /// ones of --data (default all).
+  std::optional<int64_t> train_size;
+  /// Test examples, as train_size (default 1000 synthetic, all of --data).
+  std::optional<int64_t> test_size;
+  /// Seed of the synthetic set, of the initial parameters and of the
+  /// sampler's shuffle.
+  uint64_t seed = 1;
+  /// Where checkpoints go; empty: none are written.
+  std::string checkpoint_dir;
+  /// Continue from the newest checkpoint in checkpoint_dir.
+  bool resume = false;
+  /// Where rank 0 writes one row of metrics per epoch; empty: nowhere.
+  std::string csv;
+  /// Stop right after saving this epoch's checkpoint (0: never), as if the
+  /// job had been killed there.
+  int64_t stop_after_epoch = 0;
+  /// Print the usage and exit.
+  bool help = false;
+};
+
+/// A bad command line; `what()` says which flag and value.
+struct FlagError : std::runtime_error {
+  using std::runtime_error::runtime_error;
+};
+
+/// Parses `--flag value` and `--flag=value`. Throws FlagError.
+Flags parse_flags(int argc, char** argv);
+
+/// The usage text, one flag a line.
+const char* usage();
+
+} // namespace mnist

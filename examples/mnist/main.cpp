@@ -1,0 +1,521 @@
+// mnist_train: a small convolutional network trained on MNIST-format data by
+// several ranks with DistributedDataParallel. A program to copy: it shards
+// the data with DistributedSampler, shows progress on rank 0, evaluates on a
+// held-out set every epoch, saves a checkpoint every epoch, resumes from it,
+// and writes metrics to a CSV file.
+//
+// Usage:
+//   build/ddprun --nproc-per-node 2 build/examples/mnist_train --checkpoint-dir /tmp/mnist_ckpt --csv /tmp/mnist.csv
+// trains 3 epochs on a generated MNIST-like set and prints, on rank 0 only (a
+// line per fifth of an epoch; on a terminal, one progress bar instead):
+//   [rank 0]: mnist_train: 2 ranks on cpu (backend gloo); synthetic data: 6000 training and 1000 test images (seed 1)
+//   [rank 0]: mnist_train: 3 epochs of 47 steps; batch 64 per rank, 128 per step in all; SGD lr 0.01 momentum 0.9
+//   [rank 0]: epoch 1/3  step 10/47  loss 2.3104  3621 samples/s  ETA 1.3s
+//   ...
+//   [rank 0]: epoch 1/3: train loss 1.9761, test accuracy 0.7460 (746/1000), 3825 samples/s, 1.7s; saved /tmp/mnist_ckpt/epoch-1.pt
+//   ...
+//   [rank 0]: epoch 3/3: train loss 0.1145, test accuracy 0.9660 (966/1000), 1501 samples/s, 4.3s; saved /tmp/mnist_ckpt/epoch-3.pt
+//   [rank 0]: final parameters: checksum 03f14c9a655ef1be (21840 values); they agree across 2 ranks (max difference 0)
+// Add --resume to continue from the newest checkpoint, --data DIR to read
+// MNIST's IDX files, --help for every flag. Run with no launcher, it trains
+// alone as a world of size 1. Each rank uses cuda:<LOCAL_RANK> when CUDA is
+// available, else the CPU. Exit status: 0 when trained, 1 on an error
+// (parameters that differ across ranks included), 2 on a bad flag or
+// environment. See examples/mnist/README.md.
+
+#include <torch/torch.h>
+
+#include <cstdio>
+#include <filesystem>
+#include <fstream>
+#include <optional>
+#include <sstream>
+#include <string>
+#include <vector>
+
+#include <ddp/ddp.h>
+
+#include "data.h"
+#include "flags.h"
+#include "net.h"
+#include "progress.h"
+
+namespace {
+
+namespace fs = std::filesystem;
+using mnist::Flags;
+using mnist::FlagError;
+
+// "1 rank", "2 ranks".
+std::string ranks(int count) {
+  return std::to_string(count) + (count == 1 ? " rank" : " ranks");
+}
+
+// ---- Device ------------------------------------------------------------------------
+
+// "cuda:<LOCAL_RANK>" when CUDA is available, else the CPU: one GPU per rank,
+// numbered on each node from 0.
+torch::Device pick_device(const ddp::WorldInfo& world) {
+  if (!torch::cuda::is_available()) {
+    return torch::kCPU;
+  }
+  const int gpus = static_cast<int>(torch::cuda::device_count());
+  if (world.local_rank >= gpus) {
+    throw FlagError("LOCAL_RANK is " + std::to_string(world.local_rank) + " but this node has " +
+                    std::to_string(gpus) + " visible CUDA device(s): start at most " +
+                    std::to_string(gpus) + " ranks per node (--nproc-per-node)");
+  }
+  return torch::Device(torch::kCUDA, static_cast<c10::DeviceIndex>(world.local_rank));
+}
+
+// ---- Checkpoints ----------------------------------------------------------------------
+//
+// Note [Checkpoint directory]
+// After epoch N the directory holds
+//   epoch-N.pt            the model's parameters (ddp::save_checkpoint)
+//   epoch-N.pt.optimizer  SGD's state: its momentum buffers
+//   latest                "completed_epochs N" and how the run was set up
+// `latest` is written after the checkpoint is complete, to a temporary file
+// renamed over the old one, so that whenever the job is killed it names a
+// complete checkpoint. Only then are older epochs' files removed.
+
+const char* const kSidecarName = "latest";
+
+struct Sidecar {
+  int64_t completed_epochs = 0;
+  int64_t world_size = 0;
+  int64_t batch_size = 0;
+  uint64_t seed = 0;
+};
+
+std::string checkpoint_path(const std::string& dir, int64_t epoch) {
+  return (fs::path(dir) / ("epoch-" + std::to_string(epoch) + ".pt")).string();
+}
+
+// Writes `text` to `path` through a temporary file and a rename: readers see
+// the old file or the new one, never a part. (Safe against a killed process;
+// against a power cut it would also need an fsync.)
+void write_atomically(const std::string& path, const std::string& text) {
+  const std::string tmp = path + ".tmp";
+  {
+    std::ofstream out(tmp, std::ios::trunc);
+    out << text;
+    out.close();
+    if (!out) {
+      throw std::runtime_error("cannot write " + tmp);
+    }
+  }
+  fs::rename(tmp, path);
+}
+
+void write_sidecar(const std::string& dir, const Sidecar& s) {
+  std::ostringstream text;
+  text << "# mnist_train: the newest complete checkpoint is epoch-" << s.completed_epochs << ".pt\n"
+       << "completed_epochs " << s.completed_epochs << "\n"
+       << "world_size " << s.world_size << "\n"
+       << "batch_size " << s.batch_size << "\n"
+       << "seed " << s.seed << "\n";
+  write_atomically((fs::path(dir) / kSidecarName).string(), text.str());
+}
+
+// The sidecar of `dir`, or nullopt when there is none yet.
+std::optional<Sidecar> read_sidecar(const std::string& dir) {
+  const std::string path = (fs::path(dir) / kSidecarName).string();
+  std::ifstream in(path);
+  if (!in) {
+    return std::nullopt;
+  }
+  Sidecar s;
+  std::string line;
+  bool has_epochs = false;
+  for (int number = 1; std::getline(in, line); ++number) {
+    if (line.empty() || line[0] == '#') {
+      continue;
+    }
+    std::istringstream fields(line);
+    std::string key;
+    long long value = -1;
+    if (!(fields >> key >> value) || value < 0) {
+      throw std::runtime_error(path + " line " + std::to_string(number) + ": cannot read '" +
+                               line + "' (expected a name and a number)");
+    }
+    if (key == "completed_epochs") {
+      s.completed_epochs = value;
+      has_epochs = true;
+    } else if (key == "world_size") {
+      s.world_size = value;
+    } else if (key == "batch_size") {
+      s.batch_size = value;
+    } else if (key == "seed") {
+      s.seed = static_cast<uint64_t>(value);
+    }
+  }
+  if (!has_epochs) {
+    throw std::runtime_error(path + ": no 'completed_epochs' line");
+  }
+  return s;
+}
+
+// Removes the checkpoint files of `dir` (epoch-K.pt, epoch-K.pt.optimizer, and
+// temporary files that a killed save left behind) but epoch `keep`'s.
+void remove_other_checkpoints(const std::string& dir, int64_t keep) {
+  const std::string kept = "epoch-" + std::to_string(keep) + ".pt";
+  for (const auto& entry : fs::directory_iterator(dir)) {
+    const std::string name = entry.path().filename().string();
+    const bool ours = name.rfind("epoch-", 0) == 0 && name.find(".pt") != std::string::npos;
+    if (ours && name != kept && name != kept + ".optimizer") {
+      std::error_code ignored;
+      fs::remove(entry.path(), ignored);
+    }
+  }
+}
+
+// ---- Metrics ---------------------------------------------------------------------
+
+const char* const kCsvHeader = "epoch,train_loss,test_accuracy,samples_per_s,seconds";
+
+// Prepares the CSV file for a run that starts after `completed_epochs`: keeps
+// the header and the rows of those epochs (a job killed after writing a row
+// but before saving its checkpoint trains that epoch again), drops the rest.
+void start_csv(const std::string& path, int64_t completed_epochs) {
+  std::ostringstream kept;
+  kept << kCsvHeader << "\n";
+  std::ifstream in(path);
+  std::string line;
+  while (completed_epochs > 0 && std::getline(in, line)) {
+    const long long epoch = std::atoll(line.c_str()); // 0 for the header
+    if (epoch >= 1 && epoch <= completed_epochs) {
+      kept << line << "\n";
+    }
+  }
+  write_atomically(path, kept.str());
+}
+
+void append_csv(const std::string& path, int64_t epoch, double train_loss, double accuracy,
+                double samples_per_s, double seconds) {
+  std::ofstream out(path, std::ios::app);
+  char row[160];
+  std::snprintf(row, sizeof row, "%lld,%.6f,%.6f,%.1f,%.3f\n", static_cast<long long>(epoch),
+                train_loss, accuracy, samples_per_s, seconds);
+  out << row;
+  if (!out) {
+    throw std::runtime_error("cannot append to " + path);
+  }
+}
+
+// ---- Evaluation ---------------------------------------------------------------------
+
+struct Accuracy {
+  int64_t correct = 0;
+  int64_t total = 0;
+};
+
+// Every rank evaluates a contiguous share of the test set with the inner
+// module, then the counts are summed across ranks. The inner module, not the
+// DDP wrapper: evaluation needs no gradient synchronisation, and the
+// wrapper's forward is a collective that would have every rank wait for the
+// others at each batch. Without per-batch collectives the shares may be
+// uneven, so unlike DistributedSampler, which pads the last round by
+// repeating examples, no example is counted twice.
+Accuracy evaluate(mnist::ConvNetImpl& net, mnist::ImageDataset& test, ddp::ProcessGroup& group,
+                  torch::Device device, int64_t batch_size) {
+  torch::NoGradGuard no_grad;
+  net.eval();
+  const auto n = static_cast<int64_t>(test.size().value());
+  const int64_t begin = n * group.rank() / group.size();
+  const int64_t end = n * (group.rank() + 1) / group.size();
+  auto correct = torch::zeros({}, torch::TensorOptions().dtype(torch::kLong).device(device));
+  for (int64_t first = begin; first < end; first += batch_size) {
+    std::vector<size_t> indices;
+    for (int64_t i = first; i < std::min(end, first + batch_size); ++i) {
+      indices.push_back(static_cast<size_t>(i));
+    }
+    auto batch = test.get_batch(indices);
+    auto predicted = net.forward(batch.data.to(device)).argmax(1);
+    correct += predicted.eq(batch.target.to(device)).sum();
+  }
+  net.train();
+  // One collective per evaluation. On the rank's device: NCCL only reduces
+  // GPU tensors (Gloo takes both).
+  auto counts = torch::stack({correct, torch::full({}, end - begin, correct.options())});
+  group.allreduce(counts)->wait();
+  return {counts[0].item<int64_t>(), counts[1].item<int64_t>()};
+}
+
+// ---- Checksum ------------------------------------------------------------------------
+
+// FNV-1a over the bytes of every parameter, in registration order: equal
+// checksums mean bit-identical parameters (the resume test compares them).
+std::string parameter_checksum(const torch::nn::Module& module, int64_t* values) {
+  uint64_t hash = 0xcbf29ce484222325ull;
+  *values = 0;
+  for (const auto& p : module.parameters()) {
+    auto cpu = p.detach().to(torch::kCPU).contiguous();
+    const auto* bytes = static_cast<const unsigned char*>(cpu.data_ptr());
+    for (size_t i = 0; i < cpu.nbytes(); ++i) {
+      hash = (hash ^ bytes[i]) * 0x100000001b3ull;
+    }
+    *values += cpu.numel();
+  }
+  char text[17];
+  std::snprintf(text, sizeof text, "%016llx", static_cast<unsigned long long>(hash));
+  return text;
+}
+
+// ---- Training --------------------------------------------------------------------------
+
+int train(const Flags& flags, const ddp::WorldInfo& world, torch::Device device) {
+  const bool is_rank0 = world.rank == 0;
+
+  // The same data on every rank: read from the same files, or generated from
+  // the same seed. The sampler then gives each rank its share.
+  std::optional<mnist::Split> split;
+  std::string data_text;
+  if (!flags.data.empty()) {
+    auto read = mnist::read_idx_dir(flags.data);
+    split.emplace(mnist::Split{read.train.head(flags.train_size.value_or(INT64_MAX)),
+                               read.test.head(flags.test_size.value_or(INT64_MAX))});
+    data_text = "MNIST files in " + flags.data;
+  } else {
+    split.emplace(mnist::make_synthetic(flags.train_size.value_or(6000),
+                                        flags.test_size.value_or(1000), flags.seed));
+    data_text = "synthetic data";
+  }
+  const auto train_size = split->train.size().value();
+  const auto test_size = split->test.size().value();
+  if (train_size == 0) {
+    throw std::runtime_error("the training set is empty (" + data_text + ")");
+  }
+
+  auto group = ddp::init_process_group();
+
+  // Rank 0 alone looks at the output directory and the CSV file (only rank 0
+  // writes files), then tells the others where to start: the number of
+  // epochs already done, or -1 if it failed (its error follows).
+  int64_t completed_epochs = 0;
+  std::string prepare_error;
+  if (is_rank0) {
+    try {
+      if (!flags.checkpoint_dir.empty()) {
+        fs::create_directories(flags.checkpoint_dir);
+        auto sidecar = read_sidecar(flags.checkpoint_dir);
+        if (sidecar && flags.resume) {
+          completed_epochs = sidecar->completed_epochs;
+          if (sidecar->world_size != group->size() || sidecar->batch_size != flags.batch_size ||
+              sidecar->seed != flags.seed) {
+            std::printf("mnist_train: note: the checkpoint was made with %lld ranks, batch %lld, "
+                        "seed %llu; this run has %d ranks, batch %lld, seed %llu, so it will not "
+                        "match an uninterrupted run\n",
+                        static_cast<long long>(sidecar->world_size),
+                        static_cast<long long>(sidecar->batch_size),
+                        static_cast<unsigned long long>(sidecar->seed), group->size(),
+                        static_cast<long long>(flags.batch_size),
+                        static_cast<unsigned long long>(flags.seed));
+          }
+        } else if (sidecar) {
+          std::printf("mnist_train: note: %s holds a checkpoint of epoch %lld; starting from "
+                      "scratch over it (add --resume to continue it)\n",
+                      flags.checkpoint_dir.c_str(),
+                      static_cast<long long>(sidecar->completed_epochs));
+        } else if (flags.resume) {
+          std::printf("mnist_train: no checkpoint in %s yet; starting from epoch 1\n",
+                      flags.checkpoint_dir.c_str());
+        }
+      }
+      if (!flags.csv.empty()) {
+        start_csv(flags.csv, completed_epochs);
+      }
+    } catch (const std::exception& e) {
+      prepare_error = e.what();
+      completed_epochs = -1;
+    }
+  }
+  auto start = torch::full({1}, completed_epochs, torch::TensorOptions().dtype(torch::kLong))
+                   .to(device);
+  group->broadcast(start)->wait();
+  completed_epochs = start.item<int64_t>();
+  if (completed_epochs < 0) {
+    if (is_rank0) {
+      std::fprintf(stderr, "mnist_train: %s\n", prepare_error.c_str());
+    }
+    return 1;
+  }
+
+  // The same seed on every rank gives the same initial parameters; DDP's
+  // constructor would make them equal anyway (it broadcasts rank 0's).
+  torch::manual_seed(flags.seed);
+  mnist::ConvNet net;
+  net->to(device);
+  auto ddp_options = ddp::DistributedDataParallelOptions();
+  if (device.is_cuda()) {
+    ddp_options.device_ids({device});
+  }
+  ddp::DistributedDataParallel model(net, ddp_options);
+  torch::optim::SGD optimizer(model->parameters(),
+                              torch::optim::SGDOptions(flags.lr).momentum(flags.momentum));
+
+  // Each rank's share, reshuffled every epoch from seed + epoch. The data
+  // loader must not shuffle on its own: the sampler's order is the one every
+  // rank agrees on, and a loader's own shuffle would make the shares overlap.
+  ddp::DistributedSampler sampler(train_size, ddp::DistributedSamplerOptions().seed(
+                                                  static_cast<int64_t>(flags.seed)));
+  auto loader = torch::data::make_data_loader(
+      split->train, sampler, torch::data::DataLoaderOptions(static_cast<size_t>(flags.batch_size)));
+  const auto steps = static_cast<int64_t>(
+      (sampler.num_samples() + static_cast<size_t>(flags.batch_size) - 1) /
+      static_cast<size_t>(flags.batch_size));
+
+  if (is_rank0) {
+    std::printf("mnist_train: %s on %s (backend %s); %s: %zu training and %zu test images "
+                "(seed %llu)\n",
+                ranks(group->size()).c_str(), device.str().c_str(),
+                group->backend_name().c_str(), data_text.c_str(), train_size, test_size,
+                static_cast<unsigned long long>(flags.seed));
+    std::printf("mnist_train: %lld epoch%s of %lld steps; batch %lld per rank, %lld per step in "
+                "all; SGD lr %g momentum %g\n",
+                static_cast<long long>(flags.epochs), flags.epochs == 1 ? "" : "s",
+                static_cast<long long>(steps),
+                static_cast<long long>(flags.batch_size),
+                static_cast<long long>(flags.batch_size * group->size()), flags.lr,
+                flags.momentum);
+  }
+  if (completed_epochs > 0) {
+    // Every rank reads the file onto its own device.
+    const std::string path = checkpoint_path(flags.checkpoint_dir, completed_epochs);
+    ddp::load_checkpoint(model, optimizer, path);
+    if (is_rank0) {
+      std::printf("mnist_train: resumed from %s: %lld of %lld epochs done%s\n", path.c_str(),
+                  static_cast<long long>(completed_epochs), static_cast<long long>(flags.epochs),
+                  completed_epochs >= flags.epochs ? "; nothing left to train" : "");
+    }
+  }
+
+  const auto on_device = torch::TensorOptions().dtype(torch::kDouble).device(device);
+  for (int64_t epoch = completed_epochs + 1; epoch <= flags.epochs; ++epoch) {
+    const auto epoch_start = std::chrono::steady_clock::now();
+    sampler.set_epoch(epoch - 1); // on every rank, before the pass
+    const std::string label =
+        "epoch " + std::to_string(epoch) + "/" + std::to_string(flags.epochs);
+    mnist::Progress progress(label, steps);
+
+    // The loss is summed on the device and read only when shown: reading it
+    // every step would wait for the GPU at every step.
+    auto loss_sum = torch::zeros({}, on_device);
+    int64_t samples = 0;
+    int64_t step = 0;
+    for (auto& batch : *loader) {
+      auto x = batch.data.to(device, /*non_blocking=*/true);
+      auto y = batch.target.to(device, /*non_blocking=*/true);
+      optimizer.zero_grad();
+      auto loss = torch::nn::functional::cross_entropy(model(x), y);
+      loss.backward(); // averages the gradients across ranks
+      optimizer.step();
+
+      const int64_t n = x.size(0);
+      loss_sum += loss.detach().to(torch::kDouble) * static_cast<double>(n);
+      samples += n;
+      ++step;
+      if (is_rank0 && progress.due(step)) {
+        // Rank 0's own loss: averaging it across ranks at every step would
+        // cost a collective per step; the epoch's line below has the mean.
+        progress.update(step, samples * group->size(), loss_sum.item<double>() / samples);
+      }
+    }
+    if (is_rank0) {
+      progress.finish();
+    }
+    const double train_seconds =
+        std::chrono::duration<double>(std::chrono::steady_clock::now() - epoch_start).count();
+
+    // The epoch's mean loss over every rank's examples: one collective.
+    auto totals = torch::stack({loss_sum, torch::full({}, static_cast<double>(samples), on_device)});
+    group->allreduce(totals)->wait();
+    const double train_loss = totals[0].item<double>() / totals[1].item<double>();
+    const double samples_per_s = totals[1].item<double>() / train_seconds;
+
+    const Accuracy accuracy = evaluate(*model->module_as<mnist::ConvNetImpl>(), split->test,
+                                       *group, device, flags.batch_size);
+    const double accuracy_value =
+        accuracy.total > 0 ? static_cast<double>(accuracy.correct) / accuracy.total : 0.0;
+    const double seconds =
+        std::chrono::duration<double>(std::chrono::steady_clock::now() - epoch_start).count();
+
+    if (is_rank0 && !flags.csv.empty()) {
+      append_csv(flags.csv, epoch, train_loss, accuracy_value, samples_per_s, seconds);
+    }
+    std::string saved;
+    if (!flags.checkpoint_dir.empty()) {
+      // A collective: rank 0 writes, then everyone meets at a barrier. The
+      // model stays where it is (moving it to the CPU to save, as some
+      // PyTorch code does, would take it out of DDP's hands).
+      const std::string path = checkpoint_path(flags.checkpoint_dir, epoch);
+      ddp::save_checkpoint(model, optimizer, path);
+      if (is_rank0) {
+        write_sidecar(flags.checkpoint_dir,
+                      Sidecar{epoch, group->size(), flags.batch_size, flags.seed});
+        remove_other_checkpoints(flags.checkpoint_dir, epoch);
+      }
+      saved = "; saved " + path;
+    }
+    if (is_rank0) {
+      std::printf("%s: train loss %.4f, test accuracy %.4f (%lld/%lld), %.0f samples/s, %s%s\n",
+                  label.c_str(), train_loss, accuracy_value,
+                  static_cast<long long>(accuracy.correct), static_cast<long long>(accuracy.total),
+                  samples_per_s, mnist::format_duration(seconds).c_str(), saved.c_str());
+    }
+    if (epoch == flags.stop_after_epoch) {
+      if (is_rank0) {
+        std::printf("mnist_train: stopping after epoch %lld as asked (--stop-after-epoch); run "
+                    "again with --resume to continue\n",
+                    static_cast<long long>(epoch));
+      }
+      ddp::destroy_process_group();
+      return 0;
+    }
+  }
+
+  // A last check that DDP kept the replicas equal, and a checksum by which
+  // two runs can be compared.
+  const double difference = model->max_parameter_difference_across_ranks();
+  if (is_rank0) {
+    int64_t values = 0;
+    const std::string checksum = parameter_checksum(*model->module(), &values);
+    std::printf("final parameters: checksum %s (%lld values); they %s across %s (max "
+                "difference %g)\n",
+                checksum.c_str(), static_cast<long long>(values),
+                difference == 0.0 ? "agree" : "DIFFER", ranks(group->size()).c_str(), difference);
+  }
+  ddp::destroy_process_group();
+  return difference == 0.0 ? 0 : 1;
+}
+
+} // namespace
+
+int main(int argc, char** argv) {
+  // Under a launcher stdout is a pipe: print each line as it is written.
+  std::setvbuf(stdout, nullptr, _IOLBF, 0);
+  try {
+    const Flags flags = mnist::parse_flags(argc, argv);
+    if (flags.help) {
+      std::fputs(mnist::usage(), stdout);
+      return 0;
+    }
+    ddp::WorldInfo world;
+    try {
+      world = ddp::world_info_from_env();
+    } catch (const c10::Error& e) {
+      throw FlagError(e.what_without_backtrace()); // a malformed RANK, WORLD_SIZE, ...
+    }
+    const torch::Device device = pick_device(world);
+    return train(flags, world, device);
+  } catch (const FlagError& e) {
+    std::fprintf(stderr, "mnist_train: %s\nRun 'mnist_train --help' for the flags.\n", e.what());
+    return 2;
+  } catch (const c10::Error& e) {
+    std::fprintf(stderr, "mnist_train: %s\n", e.what_without_backtrace());
+    return 1;
+  } catch (const std::exception& e) {
+    std::fprintf(stderr, "mnist_train: %s\n", e.what());
+    return 1;
+  }
+}

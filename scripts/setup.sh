@@ -1,0 +1,132 @@
+#!/usr/bin/env bash
+# Sets up a Debian 12 machine for ddp and builds it.
+#
+# Usage: bash scripts/setup.sh [build-dir]
+#
+#   1. Installs the Debian packages ddp needs, if any is missing (apt-get,
+#      through sudo when not root).
+#   2. Configures the build in <build-dir> (default: build, or $DDP_BUILD_DIR):
+#      CMake, Ninja, Release, with tests, examples and benchmarks. Extra CMake
+#      arguments may be given in $DDP_CMAKE_ARGS; they come last, so that
+#      e.g. DDP_CMAKE_ARGS="-DDDP_BUILD_BENCHMARKS=OFF" wins.
+#   3. Builds everything with ninja -j<jobs> (default: the number of CPUs,
+#      fewer when memory is short; or $DDP_JOBS).
+#
+# Running it again is cheap: nothing is installed when nothing is missing, and
+# Ninja rebuilds only what changed. Runs from any directory; paths are
+# relative to the repository root. Exits non-zero, naming the step that
+# failed, when anything fails.
+
+set -euo pipefail
+
+readonly packages=(libtorch-dev libgloo-dev libgtest-dev cmake ninja-build g++ python3-torch)
+
+say() {
+  echo "setup.sh: $*"
+}
+
+die() {
+  echo "setup.sh: ERROR: $*" >&2
+  exit 1
+}
+
+step="starting"
+on_exit() {
+  local rc=$?
+  if [[ $rc -ne 0 ]]; then
+    echo "setup.sh: FAILED while $step (exit code $rc)" >&2
+  fi
+}
+trap on_exit EXIT
+
+# Prints a command, then runs it.
+run() {
+  echo "+ $*"
+  "$@"
+}
+
+cd "$(dirname "${BASH_SOURCE[0]}")/.."
+build_dir=${1:-${DDP_BUILD_DIR:-build}}
+
+# ---- 1. Packages --------------------------------------------------------------
+step="checking the Debian packages"
+if [[ -r /etc/os-release ]]; then
+  # shellcheck disable=SC1091
+  os_id=$(. /etc/os-release && echo "${ID:-}:${VERSION_ID:-}")
+  if [[ $os_id != "debian:12" ]]; then
+    say "warning: this is '$os_id', not Debian 12; the package names below are Debian 12's"
+  fi
+fi
+command -v dpkg-query >/dev/null 2>&1 ||
+  die "dpkg-query not found: this script installs Debian packages with apt-get. On another \
+system install ${packages[*]} (or their equivalents: LibTorch 1.13, Gloo, GoogleTest, CMake >= 3.18, \
+Ninja, a C++17 compiler) and run: cmake -S . -B build -G Ninja -DCMAKE_BUILD_TYPE=Release && ninja -C build"
+
+missing=()
+for package in "${packages[@]}"; do
+  if ! dpkg-query -W -f='${Status}' "$package" 2>/dev/null | grep -q 'install ok installed'; then
+    missing+=("$package")
+  fi
+done
+
+if [[ ${#missing[@]} -eq 0 ]]; then
+  say "packages: all installed (${packages[*]})"
+else
+  step="installing ${missing[*]}"
+  say "packages: missing ${missing[*]}; installing them"
+  sudo=()
+  if [[ $(id -u) -ne 0 ]]; then
+    command -v sudo >/dev/null 2>&1 ||
+      die "not root and sudo not found; as root, run: apt-get install ${missing[*]}"
+    sudo=(sudo)
+  fi
+  export DEBIAN_FRONTEND=noninteractive
+  run "${sudo[@]}" env DEBIAN_FRONTEND=noninteractive apt-get update ||
+    die "apt-get update failed (is the network or the Debian mirror reachable?)"
+  run "${sudo[@]}" env DEBIAN_FRONTEND=noninteractive \
+    apt-get install -y --no-install-recommends "${missing[@]}" ||
+    die "apt-get install ${missing[*]} failed"
+fi
+
+# ---- 2. Configure ---------------------------------------------------------------
+step="configuring $build_dir"
+cache=$build_dir/CMakeCache.txt
+if [[ -f $cache ]]; then
+  generator=$(sed -n 's/^CMAKE_GENERATOR:INTERNAL=//p' "$cache")
+  if [[ $generator != "Ninja" ]]; then
+    die "$build_dir was configured with the '$generator' generator, not Ninja; \
+remove it (rm -rf $build_dir) or pass another build directory"
+  fi
+fi
+# shellcheck disable=SC2206 # DDP_CMAKE_ARGS is split on spaces on purpose
+extra_args=(${DDP_CMAKE_ARGS:-})
+# Tests, examples and benchmarks are named ON explicitly: a build directory
+# configured earlier with any of them OFF would otherwise keep it OFF from its
+# cache, and test.sh would then run stale or missing tests.
+say "configuring $build_dir (Release, Ninja, with tests, examples and benchmarks)"
+run cmake -S . -B "$build_dir" -G Ninja -DCMAKE_BUILD_TYPE=Release \
+  -DDDP_BUILD_TESTS=ON -DDDP_BUILD_EXAMPLES=ON -DDDP_BUILD_BENCHMARKS=ON "${extra_args[@]}"
+
+# ---- 3. Build -------------------------------------------------------------------
+step="building $build_dir"
+jobs=${DDP_JOBS:-}
+if [[ -z $jobs ]]; then
+  jobs=$(nproc)
+  # A translation unit that includes <torch/torch.h> takes up to ~1.5 GiB to
+  # compile; keep 2 GiB per job so that a small machine does not run out of
+  # memory.
+  avail_kib=$(awk '/^MemAvailable:/ {print $2}' /proc/meminfo 2>/dev/null || echo 0)
+  if [[ $avail_kib -gt 0 ]]; then
+    by_memory=$((avail_kib / (2 * 1024 * 1024)))
+    ((by_memory >= 1)) || by_memory=1
+    ((jobs <= by_memory)) || jobs=$by_memory
+  fi
+fi
+say "building $build_dir with $jobs jobs"
+run ninja -C "$build_dir" -j"$jobs"
+
+step="finishing"
+say "done: $build_dir/libddp.so and $build_dir/ddprun are built"
+if [[ -x $build_dir/examples/toy_model ]]; then
+  say "try: $build_dir/ddprun --nproc-per-node 2 $build_dir/examples/toy_model"
+fi

@@ -1,0 +1,22 @@
+# The examples, run as a user would run them (examples/*/README.md).
+# Performance is never tested: only what the programs print and write.
+
+# toy_model: PyTorch's DDP tutorial on 2 ranks (it exits 1 if the ranks'
+# parameters differ after a step), and alone as a world of size 1.
+# The launched test goes by exit status, which covers every check.
+ddp_add_launched_test(toy_model_2_ranks NPROC 2 COMMAND toy_model TIMEOUT 60)
+add_test(NAME toy_model_alone COMMAND toy_model)
+set_tests_properties(toy_model_alone PROPERTIES TIMEOUT 30
+  PASS_REGULAR_EXPRESSION "checkpoint: parameters agree across 1 rank \\(max difference 0\\)"
+  FAIL_REGULAR_EXPRESSION "DIFFER")
+
+# mnist_train on 2 ranks: it learns the synthetic set; a run stopped after
+# epoch 1 and resumed ends bit for bit where an uninterrupted run ends; it
+# reads IDX files with --data (see run_mnist_train_test.sh).
+foreach(mode accuracy resume idx)
+  add_test(NAME mnist_train_${mode}
+    COMMAND sh ${CMAKE_CURRENT_SOURCE_DIR}/examples/run_mnist_train_test.sh
+            $<TARGET_FILE:ddprun> $<TARGET_FILE:mnist_train>
+            ${CMAKE_CURRENT_BINARY_DIR}/examples_work/mnist_train_${mode} ${mode})
+  set_tests_properties(mnist_train_${mode} PROPERTIES TIMEOUT 120 LABELS "integration")
+endforeach()

@@ -1,0 +1,131 @@
+#!/bin/sh
+# Runs examples/mnist under ddprun with 2 ranks and checks what it wrote.
+#
+#   run_mnist_train_test.sh DDPRUN MNIST_TRAIN WORK_DIR accuracy
+#     Three short epochs on the synthetic set; the last epoch's test accuracy
+#     in the CSV file must be above 0.5 (chance is 0.1).
+#   run_mnist_train_test.sh DDPRUN MNIST_TRAIN WORK_DIR resume
+#     A run stopped after epoch 1 and resumed with --resume must end with
+#     bit-identical parameters (same checksum) and the same epoch-2 metrics as
+#     an uninterrupted run.
+#   run_mnist_train_test.sh DDPRUN MNIST_TRAIN WORK_DIR idx
+#     Reads a small data set in MNIST's IDX format with --data, and reports a
+#     truncated file clearly.
+#
+# Exits 0 on success; otherwise prints what differs and exits 1.
+set -eu
+
+if [ $# -ne 4 ]; then
+  echo "usage: $0 DDPRUN MNIST_TRAIN WORK_DIR accuracy|resume|idx" >&2
+  exit 2
+fi
+ddprun=$1
+train=$2
+work=$3
+mode=$4
+
+rm -rf "$work"
+mkdir -p "$work"
+
+fail() {
+  echo "FAIL: $*" >&2
+  exit 1
+}
+
+# run NAME ARGS...: runs mnist_train on 2 ranks, output in $work/NAME.log.
+run() {
+  name=$1
+  shift
+  echo "+ ddprun --nproc-per-node 2 mnist_train $*"
+  if ! "$ddprun" --nproc-per-node 2 "$train" "$@" >"$work/$name.log" 2>&1; then
+    cat "$work/$name.log"
+    fail "mnist_train ($name) exited with an error"
+  fi
+  grep -v ' step [0-9]' "$work/$name.log" || true
+}
+
+# The CSV field `column` (1-based) of the row of epoch `epoch`.
+csv_field() {
+  awk -F, -v epoch="$2" -v column="$3" '$1 == epoch { print $column }' "$1"
+}
+
+# be32 N: N as 4 big-endian bytes, the integers of an IDX header.
+be32() {
+  # shellcheck disable=SC2059 # the format is the octal escapes themselves
+  printf "$(printf '\\%03o\\%03o\\%03o\\%03o' $(($1 >> 24 & 255)) $(($1 >> 16 & 255)) \
+    $(($1 >> 8 & 255)) $(($1 & 255)))"
+}
+
+# write_idx DIR PREFIX COUNT: COUNT black 28x28 images, all labelled 0.
+write_idx() {
+  { printf '\000\000\010\003'; be32 "$3"; be32 28; be32 28; head -c $(($3 * 784)) /dev/zero; } \
+    >"$1/$2-images-idx3-ubyte"
+  { printf '\000\000\010\001'; be32 "$3"; head -c "$3" /dev/zero; } >"$1/$2-labels-idx1-ubyte"
+}
+
+# The checksum of the "final parameters: checksum X (...)" line.
+checksum() {
+  sed -n 's/.*final parameters: checksum \([0-9a-f]*\) .*/\1/p' "$1"
+}
+
+case "$mode" in
+  accuracy)
+    run accuracy --epochs 3 --train-size 3000 --test-size 500 --lr 0.03 --csv "$work/metrics.csv"
+    rows=$(grep -c '^[0-9]' "$work/metrics.csv" || true)
+    [ "$rows" = 3 ] || fail "expected 3 rows in metrics.csv, found $rows"
+    head -n 1 "$work/metrics.csv" | grep -qx 'epoch,train_loss,test_accuracy,samples_per_s,seconds' ||
+      fail "unexpected CSV header: $(head -n 1 "$work/metrics.csv")"
+    accuracy=$(csv_field "$work/metrics.csv" 3 3)
+    awk -v a="$accuracy" 'BEGIN { exit !(a > 0.5) }' ||
+      fail "test accuracy after 3 epochs is $accuracy, expected > 0.5 (chance: 0.1)"
+    echo "OK: test accuracy $accuracy after 3 epochs (chance: 0.1)"
+    ;;
+  resume)
+    common="--epochs 2 --train-size 1200 --test-size 200 --lr 0.03"
+    # shellcheck disable=SC2086 # $common is a list of flags
+    run straight $common --checkpoint-dir "$work/straight" --csv "$work/straight.csv"
+    # shellcheck disable=SC2086
+    run stopped $common --checkpoint-dir "$work/resumed" --csv "$work/resumed.csv" --stop-after-epoch 1
+    grep -q 'final parameters' "$work/stopped.log" && fail "the stopped run trained to the end"
+    grep -qx 'completed_epochs 1' "$work/resumed/latest" || fail "the sidecar does not say epoch 1"
+    # shellcheck disable=SC2086
+    run resumed $common --checkpoint-dir "$work/resumed" --csv "$work/resumed.csv" --resume
+    grep -q 'resumed from .*epoch-1.pt' "$work/resumed.log" || fail "the run did not resume from epoch 1"
+
+    a=$(checksum "$work/straight.log")
+    b=$(checksum "$work/resumed.log")
+    [ -n "$a" ] || fail "no checksum in the uninterrupted run's output"
+    [ "$a" = "$b" ] || fail "final parameters differ: checksum $a uninterrupted, $b stopped and resumed"
+    for column in 2 3; do # train_loss, test_accuracy
+      x=$(csv_field "$work/straight.csv" 2 $column)
+      y=$(csv_field "$work/resumed.csv" 2 $column)
+      [ "$x" = "$y" ] || fail "epoch 2, CSV column $column: $x uninterrupted, $y resumed"
+    done
+    rows=$(grep -c '^[0-9]' "$work/resumed.csv" || true)
+    [ "$rows" = 2 ] || fail "expected 2 rows in the resumed run's CSV, found $rows"
+    echo "OK: stopped after epoch 1 and resumed, the parameters match an uninterrupted run (checksum $a)"
+    ;;
+  idx)
+    mkdir -p "$work/data"
+    write_idx "$work/data" train 300
+    write_idx "$work/data" t10k 50
+    run idx --epochs 2 --batch-size 16 --lr 0.05 --data "$work/data"
+    grep -q "MNIST files in $work/data: 300 training and 50 test images" "$work/idx.log" ||
+      fail "mnist_train did not report reading 300 + 50 images"
+    grep -q 'test accuracy .* (50/50)' "$work/idx.log" ||
+      fail "the network did not learn that every image is a 0"
+    # A truncated file: a clear error naming it, exit status 1.
+    head -c 1000 "$work/data/t10k-images-idx3-ubyte" >"$work/data/short" &&
+      mv "$work/data/short" "$work/data/t10k-images-idx3-ubyte"
+    status=0
+    "$train" --data "$work/data" >"$work/truncated.log" 2>&1 || status=$?
+    [ "$status" = 1 ] || fail "a truncated file gave exit status $status, expected 1"
+    grep -q 't10k-images-idx3-ubyte: truncated' "$work/truncated.log" ||
+      fail "unclear error for a truncated file: $(cat "$work/truncated.log")"
+    echo "OK: read the IDX files; a truncated one is reported as: $(cat "$work/truncated.log")"
+    ;;
+  *)
+    echo "$0: unknown mode '$mode' (expected accuracy, resume or idx)" >&2
+    exit 2
+    ;;
+esac

@@ -1,0 +1,93 @@
+# tests: gpu
+#
+# The GPU tests: the NCCL backend (collectives, Work::wait stream semantics,
+# the watchdog), Gloo with CUDA tensors, and DistributedDataParallel on CUDA
+# against the CPU. They are built only with the NCCL backend
+# (DDP_HAVE_NCCL), carry the label "gpu", and skip with "no CUDA device: NCCL
+# tests need a GPU" on a machine without one.
+#
+# One test runs everywhere: `nccl_backend_compiles` builds
+# ddp_nccl_syntax_check (src/comm/nccl.cmake), which type-checks the backend
+# and these test sources against the CUDA, NCCL and c10/cuda headers without
+# linking anything. It is skipped, saying why, when those headers are absent.
+set(DDP_GPU_TEST_SOURCES
+  gpu/process_group_nccl_test.cpp
+  gpu/nccl_work_test.cpp
+  gpu/nccl_watchdog_test.cpp
+  gpu/gloo_cuda_test.cpp
+  gpu/ddp_cuda_test.cpp
+  gpu/ddp_cuda_parity_main.cpp
+  gpu/ddp_step_bench.cpp)
+
+# ---- The compile check ---------------------------------------------------------------
+set(_ddp_skip_code 77)
+if(TARGET ddp_nccl_syntax_check)
+  add_library(ddp_gpu_tests_syntax_check OBJECT EXCLUDE_FROM_ALL ${DDP_GPU_TEST_SOURCES})
+  target_include_directories(ddp_gpu_tests_syntax_check PRIVATE
+    ${PROJECT_SOURCE_DIR}/include ${PROJECT_SOURCE_DIR}/src ${PROJECT_SOURCE_DIR}/tests
+    ${DDP_NCCL_CHECK_INCLUDE_DIRS})
+  target_link_libraries(ddp_gpu_tests_syntax_check PRIVATE torch GTest::gtest Threads::Threads)
+  target_compile_definitions(ddp_gpu_tests_syntax_check PRIVATE DDP_WITH_NCCL=1)
+  target_compile_options(ddp_gpu_tests_syntax_check PRIVATE
+    -fsyntax-only -Wall -Wextra -Wno-unused-parameter)
+  # The tests' shared precompiled header (gtest and torch): without it each
+  # of these files takes most of a minute to parse on a small machine.
+  target_precompile_headers(ddp_gpu_tests_syntax_check REUSE_FROM ddp_test_pch)
+  set_target_properties(ddp_gpu_tests_syntax_check PROPERTIES POSITION_INDEPENDENT_CODE OFF)
+  add_dependencies(ddp_nccl_syntax_check ddp_gpu_tests_syntax_check)
+  # Two jobs: Torch's headers make each compile heavy, and this may run
+  # beside other tests.
+  add_test(NAME nccl_backend_compiles
+    COMMAND ${CMAKE_COMMAND} --build ${PROJECT_BINARY_DIR} --target ddp_nccl_syntax_check --parallel 2)
+else()
+  add_test(NAME nccl_backend_compiles
+    COMMAND sh -c "echo 'nccl_backend_compiles: skipped: ${DDP_NCCL_SYNTAX_CHECK_SKIP_REASON}'; exit ${_ddp_skip_code}")
+endif()
+set_tests_properties(nccl_backend_compiles PROPERTIES
+  TIMEOUT 300 SKIP_RETURN_CODE ${_ddp_skip_code} LABELS "gpu")
+
+if(NOT DDP_HAVE_NCCL)
+  return()
+endif()
+
+# ---- The GPU tests -------------------------------------------------------------------
+# ddp_add_gpu_gtest(<name> <source> <timeout>): a gtest binary that links the
+# CUDA runtime and reports "skipped" to CTest when there is no device.
+function(ddp_add_gpu_gtest name source timeout)
+  ddp_add_gtest(${name} SOURCES ${source} LIBS ddp_testing ddp_nccl_deps TIMEOUT ${timeout}
+    LABELS gpu)
+  set_tests_properties(${name} PROPERTIES SKIP_REGULAR_EXPRESSION "no CUDA device: NCCL tests need a GPU")
+endfunction()
+
+# NCCL collectives: world size 1 on any GPU, 2 and 4 with as many GPUs.
+ddp_add_gpu_gtest(process_group_nccl_test gpu/process_group_nccl_test.cpp 300)
+# Work::wait: stream ordering without a CPU block, blocking with a deadline.
+ddp_add_gpu_gtest(nccl_work_test gpu/nccl_work_test.cpp 120)
+# Deadlines and the watchdog: no hang when a peer never comes or an
+# operation is stuck; the group is unusable after.
+ddp_add_gpu_gtest(nccl_watchdog_test gpu/nccl_watchdog_test.cpp 180)
+# Gloo with CUDA tensors, world size 2 as threads on one GPU.
+ddp_add_gpu_gtest(gloo_cuda_test gpu/gloo_cuda_test.cpp 180)
+# DistributedDataParallel on CUDA over NCCL at world size 1 against the CPU.
+ddp_add_gpu_gtest(ddp_cuda_test gpu/ddp_cuda_test.cpp 120)
+
+# Programs: DDP parity on CUDA at world size 2 under ddprun, and the DDP step
+# benchmark (never run as a test; see docs/gpu.md). GTest::gtest only for
+# the shared precompiled header, as in tests/nn.
+foreach(program gpu_ddp_parity_main:ddp_cuda_parity_main gpu_ddp_step_bench:ddp_step_bench)
+  string(REPLACE ":" ";" _pair ${program})
+  list(GET _pair 0 _name)
+  list(GET _pair 1 _source)
+  add_executable(${_name} gpu/${_source}.cpp)
+  target_link_libraries(${_name} PRIVATE ddp ddp_nccl_deps torch GTest::gtest Threads::Threads)
+  target_include_directories(${_name} PRIVATE ${PROJECT_SOURCE_DIR}/tests)
+  target_precompile_headers(${_name} REUSE_FROM ddp_test_pch)
+  set_target_properties(${_name} PROPERTIES POSITION_INDEPENDENT_CODE OFF)
+endforeach()
+
+# Gloo ranks may share a GPU; NCCL needs one per rank and skips otherwise.
+foreach(backend gloo nccl)
+  ddp_add_launched_test(gpu_ddp_parity_${backend}_2_ranks NPROC 2 COMMAND gpu_ddp_parity_main
+    ARGS ${backend} TIMEOUT 120 LABELS gpu)
+  set_tests_properties(gpu_ddp_parity_${backend}_2_ranks PROPERTIES SKIP_RETURN_CODE ${_ddp_skip_code})
+endforeach()
