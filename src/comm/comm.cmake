@@ -1,8 +1,10 @@
-# Work, ProcessGroup, the Gloo backend and rendezvous.
+# Work, ProcessGroup, the argument checks the backends share, the Gloo backend
+# and rendezvous.
 ddp_add_part(ddp_comm
   src/comm/types.cpp
   src/comm/work.cpp
   src/comm/process_group.cpp
+  src/comm/collective_checks.cpp
   src/comm/process_group_gloo.cpp
   src/comm/reduce_kernels.cpp
   src/comm/gloo_rendezvous.cpp

@@ -44,6 +44,7 @@
 
 #include <ddp/comm/error.h>
 
+#include "comm/collective_checks.h"
 #include "comm/gloo_rendezvous.h"
 #include "comm/reduce_kernels.h"
 #include "internal/check.h"
@@ -429,18 +430,14 @@ void check_tensor(const at::Tensor& t, const std::string& who, const std::string
   DDP_CHECK(!t.is_sparse(), who, ": ", what, " is sparse; only dense tensors are supported");
 }
 
-void check_same_as(const at::Tensor& t, const at::Tensor& reference, const std::string& who,
-                   const std::string& what, const std::string& reference_name) {
-  DDP_CHECK(t.scalar_type() == reference.scalar_type(), who, ": ", what, " has dtype ",
-            t.scalar_type(), ", expected ", reference.scalar_type(), " like ", reference_name);
-  DDP_CHECK(t.numel() == reference.numel(), who, ": ", what, " has ", t.numel(),
-            " elements (sizes ", t.sizes(), "), expected ", reference.numel(), " like ",
-            reference_name, " (sizes ", reference.sizes(), ")");
-}
-
-void check_root(int root, int size, const std::string& who) {
-  DDP_CHECK(root >= 0 && root < size, who, ": root rank ", root,
-            " is out of range for world size ", size);
+// The element check of a list whose tensors must match `reference`: for
+// the list checks of collective_checks.h. Holds references; use it within
+// the call it is passed to.
+auto matching(const at::Tensor& reference, const std::string& who, const char* reference_name) {
+  return [&reference, &who, reference_name](const at::Tensor& t, const std::string& what) {
+    check_tensor(t, who, what);
+    internal::check_same_as(t, reference, who, what, reference_name);
+  };
 }
 
 internal::ReduceKernel checked_kernel(at::ScalarType dtype, ReduceOp op, const std::string& who) {
@@ -463,18 +460,9 @@ std::shared_ptr<Work> ProcessGroupGloo::allreduce(const at::Tensor& tensor,
 std::shared_ptr<Work> ProcessGroupGloo::allreduce_coalesced(
     const std::vector<at::Tensor>& tensors, const AllreduceOptions& options) {
   const std::string who = rank_prefix() + " allreduce";
-  DDP_CHECK(!tensors.empty(), who, ": no tensors given");
-  for (size_t i = 0; i < tensors.size(); ++i) {
-    const auto name = tensors.size() == 1 ? std::string("tensor") : c10::str("tensors[", i, "]");
-    check_tensor(tensors[i], who, name);
-    if (i > 0) {
-      DDP_CHECK(tensors[i].scalar_type() == tensors[0].scalar_type(), who, ": ", name,
-                " has dtype ", tensors[i].scalar_type(), ", expected ", tensors[0].scalar_type(),
-                " like tensors[0]");
-      DDP_CHECK(tensors[i].device() == tensors[0].device(), who, ": ", name, " is on ",
-                tensors[i].device(), ", expected ", tensors[0].device(), " like tensors[0]");
-    }
-  }
+  internal::check_coalesced(tensors, who, [&who](const at::Tensor& t, const std::string& what) {
+    check_tensor(t, who, what);
+  });
   auto kernel = checked_kernel(tensors[0].scalar_type(), options.op, who);
   const ReduceOp op = options.op;
   const int size = this->size();
@@ -523,7 +511,7 @@ std::shared_ptr<Work> ProcessGroupGloo::broadcast(const at::Tensor& tensor,
                                                   const BroadcastOptions& options) {
   const std::string who = rank_prefix() + " broadcast";
   check_tensor(tensor, who, "tensor");
-  check_root(options.root_rank, size(), who);
+  internal::check_root(options.root_rank, size(), who);
   const int root = options.root_rank;
   auto context = impl_->context();
   return impl_->enqueue(
@@ -548,7 +536,7 @@ std::shared_ptr<Work> ProcessGroupGloo::reduce(const at::Tensor& tensor,
                                                const ReduceOptions& options) {
   const std::string who = rank_prefix() + " reduce";
   check_tensor(tensor, who, "tensor");
-  check_root(options.root_rank, size(), who);
+  internal::check_root(options.root_rank, size(), who);
   auto kernel = checked_kernel(tensor.scalar_type(), options.op, who);
   const int root = options.root_rank;
   const ReduceOp op = options.op;
@@ -582,12 +570,7 @@ std::shared_ptr<Work> ProcessGroupGloo::allgather(const std::vector<at::Tensor>&
                                                   const AllgatherOptions& options) {
   const std::string who = rank_prefix() + " allgather";
   check_tensor(input, who, "input");
-  DDP_CHECK(static_cast<int>(outputs.size()) == size(), who, ": outputs holds ", outputs.size(),
-            " tensors, expected one per rank (", size(), ")");
-  for (size_t r = 0; r < outputs.size(); ++r) {
-    check_tensor(outputs[r], who, c10::str("outputs[", r, "]"));
-    check_same_as(outputs[r], input, who, c10::str("outputs[", r, "]"), "input");
-  }
+  internal::check_one_per_rank(outputs, size(), who, "outputs", matching(input, who, "input"));
   auto context = impl_->context();
   std::vector<at::Tensor> keep(outputs);
   keep.push_back(input);
@@ -649,19 +632,10 @@ std::shared_ptr<Work> ProcessGroupGloo::gather(const std::vector<at::Tensor>& ou
                                                const GatherOptions& options) {
   const std::string who = rank_prefix() + " gather";
   check_tensor(input, who, "input");
-  check_root(options.root_rank, size(), who);
+  internal::check_root(options.root_rank, size(), who);
+  internal::check_root_only_list(outputs, rank(), options.root_rank, size(), who, "outputs",
+                                 matching(input, who, "input"));
   const bool is_root = rank() == options.root_rank;
-  if (is_root) {
-    DDP_CHECK(static_cast<int>(outputs.size()) == size(), who, ": on the root, outputs holds ",
-              outputs.size(), " tensors, expected one per rank (", size(), ")");
-    for (size_t r = 0; r < outputs.size(); ++r) {
-      check_tensor(outputs[r], who, c10::str("outputs[", r, "]"));
-      check_same_as(outputs[r], input, who, c10::str("outputs[", r, "]"), "input");
-    }
-  } else {
-    DDP_CHECK(outputs.empty(), who, ": outputs must be empty on a rank other than the root (rank ",
-              options.root_rank, "), got ", outputs.size(), " tensors");
-  }
   const int root = options.root_rank;
   const int size = this->size();
   auto context = impl_->context();
@@ -699,19 +673,10 @@ std::shared_ptr<Work> ProcessGroupGloo::scatter(const at::Tensor& output,
                                                 const ScatterOptions& options) {
   const std::string who = rank_prefix() + " scatter";
   check_tensor(output, who, "output");
-  check_root(options.root_rank, size(), who);
+  internal::check_root(options.root_rank, size(), who);
+  internal::check_root_only_list(inputs, rank(), options.root_rank, size(), who, "inputs",
+                                 matching(output, who, "output"));
   const bool is_root = rank() == options.root_rank;
-  if (is_root) {
-    DDP_CHECK(static_cast<int>(inputs.size()) == size(), who, ": on the root, inputs holds ",
-              inputs.size(), " tensors, expected one per rank (", size(), ")");
-    for (size_t r = 0; r < inputs.size(); ++r) {
-      check_tensor(inputs[r], who, c10::str("inputs[", r, "]"));
-      check_same_as(inputs[r], output, who, c10::str("inputs[", r, "]"), "output");
-    }
-  } else {
-    DDP_CHECK(inputs.empty(), who, ": inputs must be empty on a rank other than the root (rank ",
-              options.root_rank, "), got ", inputs.size(), " tensors");
-  }
   const int root = options.root_rank;
   auto context = impl_->context();
   std::vector<at::Tensor> keep(inputs);
@@ -749,12 +714,7 @@ std::shared_ptr<Work> ProcessGroupGloo::reduce_scatter(const at::Tensor& output,
                                                        const ReduceScatterOptions& options) {
   const std::string who = rank_prefix() + " reduce_scatter";
   check_tensor(output, who, "output");
-  DDP_CHECK(static_cast<int>(inputs.size()) == size(), who, ": inputs holds ", inputs.size(),
-            " tensors, expected one per rank (", size(), ")");
-  for (size_t r = 0; r < inputs.size(); ++r) {
-    check_tensor(inputs[r], who, c10::str("inputs[", r, "]"));
-    check_same_as(inputs[r], output, who, c10::str("inputs[", r, "]"), "output");
-  }
+  internal::check_one_per_rank(inputs, size(), who, "inputs", matching(output, who, "output"));
   auto kernel = checked_kernel(output.scalar_type(), options.op, who);
   const ReduceOp op = options.op;
   const int size = this->size();
@@ -794,7 +754,7 @@ std::shared_ptr<Work> ProcessGroupGloo::alltoall(const at::Tensor& output, const
   const std::string who = rank_prefix() + " alltoall";
   check_tensor(input, who, "input");
   check_tensor(output, who, "output");
-  check_same_as(output, input, who, "output", "input");
+  internal::check_same_as(output, input, who, "output", "input");
   DDP_CHECK(input.numel() % size() == 0, who, ": input has ", input.numel(),
             " elements, which does not split into ", size(), " equal chunks");
   auto context = impl_->context();

@@ -17,6 +17,7 @@
 
 #include <ddp/comm/error.h>
 
+#include "comm/collective_checks.h"
 #include "comm/nccl_engine.h"
 #include "comm/nccl_support.h"
 #include "internal/check.h"
@@ -105,21 +106,24 @@ void check_tensor(const at::Tensor& t, const std::string& who, const std::string
             " with strides ", t.strides(), "); pass tensor.contiguous() and copy the result back");
 }
 
+// internal::check_same_as, and the same device: the NCCL backend drives one
+// GPU per process.
 void check_same_as(const at::Tensor& t, const at::Tensor& reference, const std::string& who,
                    const std::string& what, const std::string& reference_name) {
-  DDP_CHECK(t.scalar_type() == reference.scalar_type(), who, ": ", what, " has dtype ",
-            t.scalar_type(), ", expected ", reference.scalar_type(), " like ", reference_name);
-  DDP_CHECK(t.numel() == reference.numel(), who, ": ", what, " has ", t.numel(),
-            " elements (sizes ", t.sizes(), "), expected ", reference.numel(), " like ",
-            reference_name, " (sizes ", reference.sizes(), ")");
+  internal::check_same_as(t, reference, who, what, reference_name);
   DDP_CHECK(t.device() == reference.device(), who, ": ", what, " is on ", t.device(),
             ", expected ", reference.device(), " like ", reference_name,
             " (the NCCL backend drives one GPU per process)");
 }
 
-void check_root(int root, int size, const std::string& who) {
-  DDP_CHECK(root >= 0 && root < size, who, ": root rank ", root, " is out of range for world size ",
-            size);
+// The element check of a list whose tensors must match `reference`: for
+// the list checks of collective_checks.h. Holds references; use it within
+// the call it is passed to.
+auto matching(const at::Tensor& reference, const std::string& who, const char* reference_name) {
+  return [&reference, &who, reference_name](const at::Tensor& t, const std::string& what) {
+    check_tensor(t, who, what);
+    check_same_as(t, reference, who, what, reference_name);
+  };
 }
 
 void check_peer(int peer, int rank, int size, const std::string& who, const char* role) {
@@ -157,18 +161,9 @@ std::shared_ptr<Work> ProcessGroupNCCL::allreduce(const at::Tensor& tensor,
 std::shared_ptr<Work> ProcessGroupNCCL::allreduce_coalesced(const std::vector<at::Tensor>& tensors,
                                                             const AllreduceOptions& options) {
   const std::string who = rank_prefix() + " allreduce";
-  DDP_CHECK(!tensors.empty(), who, ": no tensors given");
-  for (size_t i = 0; i < tensors.size(); ++i) {
-    const auto name = tensors.size() == 1 ? std::string("tensor") : c10::str("tensors[", i, "]");
-    check_tensor(tensors[i], who, name);
-    if (i > 0) {
-      DDP_CHECK(tensors[i].scalar_type() == tensors[0].scalar_type(), who, ": ", name,
-                " has dtype ", tensors[i].scalar_type(), ", expected ", tensors[0].scalar_type(),
-                " like tensors[0]");
-      DDP_CHECK(tensors[i].device() == tensors[0].device(), who, ": ", name, " is on ",
-                tensors[i].device(), ", expected ", tensors[0].device(), " like tensors[0]");
-    }
-  }
+  internal::check_coalesced(tensors, who, [&who](const at::Tensor& t, const std::string& what) {
+    check_tensor(t, who, what);
+  });
   const auto reduction = internal::nccl_reduction(tensors[0].scalar_type(), options.op, who);
 
   internal::NcclOp op;
@@ -198,7 +193,7 @@ std::shared_ptr<Work> ProcessGroupNCCL::broadcast(const at::Tensor& tensor,
                                                   const BroadcastOptions& options) {
   const std::string who = rank_prefix() + " broadcast";
   check_tensor(tensor, who, "tensor");
-  check_root(options.root_rank, size(), who);
+  internal::check_root(options.root_rank, size(), who);
   const int root = options.root_rank;
 
   internal::NcclOp op;
@@ -221,7 +216,7 @@ std::shared_ptr<Work> ProcessGroupNCCL::broadcast(const at::Tensor& tensor,
 std::shared_ptr<Work> ProcessGroupNCCL::reduce(const at::Tensor& tensor, const ReduceOptions& options) {
   const std::string who = rank_prefix() + " reduce";
   check_tensor(tensor, who, "tensor");
-  check_root(options.root_rank, size(), who);
+  internal::check_root(options.root_rank, size(), who);
   const auto reduction = internal::nccl_reduction(tensor.scalar_type(), options.op, who);
   const int root = options.root_rank;
 
@@ -250,12 +245,7 @@ std::shared_ptr<Work> ProcessGroupNCCL::allgather(const std::vector<at::Tensor>&
                                                   const AllgatherOptions& options) {
   const std::string who = rank_prefix() + " allgather";
   check_tensor(input, who, "input");
-  DDP_CHECK(static_cast<int>(outputs.size()) == size(), who, ": outputs holds ", outputs.size(),
-            " tensors, expected one per rank (", size(), ")");
-  for (size_t r = 0; r < outputs.size(); ++r) {
-    check_tensor(outputs[r], who, c10::str("outputs[", r, "]"));
-    check_same_as(outputs[r], input, who, c10::str("outputs[", r, "]"), "input");
-  }
+  internal::check_one_per_rank(outputs, size(), who, "outputs", matching(input, who, "input"));
   // NCCL gathers into one buffer; the copies into `outputs` follow on the
   // communicator's stream.
   const auto flat = at::empty({size() * input.numel()}, input.options());
@@ -320,19 +310,10 @@ std::shared_ptr<Work> ProcessGroupNCCL::gather(const std::vector<at::Tensor>& ou
                                                const GatherOptions& options) {
   const std::string who = rank_prefix() + " gather";
   check_tensor(input, who, "input");
-  check_root(options.root_rank, size(), who);
+  internal::check_root(options.root_rank, size(), who);
+  internal::check_root_only_list(outputs, rank(), options.root_rank, size(), who, "outputs",
+                                 matching(input, who, "input"));
   const bool is_root = rank() == options.root_rank;
-  if (is_root) {
-    DDP_CHECK(static_cast<int>(outputs.size()) == size(), who, ": on the root, outputs holds ",
-              outputs.size(), " tensors, expected one per rank (", size(), ")");
-    for (size_t r = 0; r < outputs.size(); ++r) {
-      check_tensor(outputs[r], who, c10::str("outputs[", r, "]"));
-      check_same_as(outputs[r], input, who, c10::str("outputs[", r, "]"), "input");
-    }
-  } else {
-    DDP_CHECK(outputs.empty(), who, ": outputs must be empty on a rank other than the root (rank ",
-              options.root_rank, "), got ", outputs.size(), " tensors");
-  }
   const int root = options.root_rank;
   const int rank = this->rank();
 
@@ -374,19 +355,10 @@ std::shared_ptr<Work> ProcessGroupNCCL::scatter(const at::Tensor& output,
                                                 const ScatterOptions& options) {
   const std::string who = rank_prefix() + " scatter";
   check_tensor(output, who, "output");
-  check_root(options.root_rank, size(), who);
+  internal::check_root(options.root_rank, size(), who);
+  internal::check_root_only_list(inputs, rank(), options.root_rank, size(), who, "inputs",
+                                 matching(output, who, "output"));
   const bool is_root = rank() == options.root_rank;
-  if (is_root) {
-    DDP_CHECK(static_cast<int>(inputs.size()) == size(), who, ": on the root, inputs holds ",
-              inputs.size(), " tensors, expected one per rank (", size(), ")");
-    for (size_t r = 0; r < inputs.size(); ++r) {
-      check_tensor(inputs[r], who, c10::str("inputs[", r, "]"));
-      check_same_as(inputs[r], output, who, c10::str("inputs[", r, "]"), "output");
-    }
-  } else {
-    DDP_CHECK(inputs.empty(), who, ": inputs must be empty on a rank other than the root (rank ",
-              options.root_rank, "), got ", inputs.size(), " tensors");
-  }
   const int root = options.root_rank;
   const int rank = this->rank();
 
@@ -426,12 +398,7 @@ std::shared_ptr<Work> ProcessGroupNCCL::reduce_scatter(const at::Tensor& output,
                                                        const ReduceScatterOptions& options) {
   const std::string who = rank_prefix() + " reduce_scatter";
   check_tensor(output, who, "output");
-  DDP_CHECK(static_cast<int>(inputs.size()) == size(), who, ": inputs holds ", inputs.size(),
-            " tensors, expected one per rank (", size(), ")");
-  for (size_t r = 0; r < inputs.size(); ++r) {
-    check_tensor(inputs[r], who, c10::str("inputs[", r, "]"));
-    check_same_as(inputs[r], output, who, c10::str("inputs[", r, "]"), "output");
-  }
+  internal::check_one_per_rank(inputs, size(), who, "inputs", matching(output, who, "output"));
   const auto reduction = internal::nccl_reduction(output.scalar_type(), options.op, who);
   // NCCL reduces one buffer holding every rank's chunk; packing it runs on
   // the caller's stream, which the operation waits for.
