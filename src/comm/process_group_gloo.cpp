@@ -4,8 +4,8 @@
 // gloo_rendezvous.h) and builds one Gloo context: a full mesh of TCP pairs.
 // Each collective call checks its arguments on the caller's thread, takes
 // the next sequence number, and queues a `Task` (a closure over the tensors)
-// on the group's single worker thread. The worker runs tasks one at a time in
-// queue order, which is issue order, so every rank runs the same collectives
+// for the group's workers. They run tasks one at a time in queue order, which
+// is issue order, so every rank runs the same collectives
 // in the same order: the ProcessGroup contract turned into an execution
 // order. The sequence number becomes the Gloo tag of the task's messages and
 // names the task in errors.
@@ -142,7 +142,9 @@ class ProcessGroupGloo::Impl {
        const ProcessGroupGlooOptions& options)
       : group_(group), store_(std::move(store)) {
     connect(options);
-    worker_ = std::thread([this] { run_worker(); });
+    for (int i = 0; i < kWorkerThreads; ++i) {
+      workers_.emplace_back([this] { run_worker(); });
+    }
   }
 
   ~Impl() {
@@ -151,8 +153,8 @@ class ProcessGroupGloo::Impl {
       stop_ = true;
     }
     queue_cv_.notify_all();
-    if (worker_.joinable()) {
-      worker_.join();
+    for (auto& worker : workers_) {
+      worker.join();
     }
   }
 
@@ -240,14 +242,21 @@ class ProcessGroupGloo::Impl {
       Task task;
       {
         std::unique_lock<std::mutex> lock(mutex_);
-        queue_cv_.wait(lock, [this] { return stop_ || !queue_.empty(); });
+        // One task at a time, in queue order, whichever worker runs it.
+        queue_cv_.wait(lock, [this] { return (stop_ && queue_.empty()) || (!queue_.empty() && !running_); });
         if (queue_.empty()) {
           return; // stop_ and nothing left to finish
         }
         task = std::move(queue_.front());
         queue_.pop_front();
+        running_ = true;
       }
       run_task(task);
+      {
+        std::lock_guard<std::mutex> lock(mutex_);
+        running_ = false;
+      }
+      queue_cv_.notify_all(); // the other worker may be waiting for running_
     }
   }
 
@@ -318,9 +327,17 @@ class ProcessGroupGloo::Impl {
   std::deque<Task> queue_; // guarded by mutex_
   uint64_t next_seq_ = 0; // guarded by mutex_
   bool stop_ = false; // guarded by mutex_
-  std::thread worker_;
+  // Two workers, of which only one runs a task at any time (`running_`):
+  // with a single worker, a worker preempted while holding a Gloo pair's lock
+  // makes Gloo's event loop spin until the next scheduler tick (about 4 ms
+  // per small collective when ranks share cores); torch.distributed's Gloo
+  // group runs two workers by default for the same reason.
+  static constexpr int kWorkerThreads = 2;
+  bool running_ = false; // guarded by mutex_
+  std::vector<std::thread> workers_;
 
-  // Touched by the worker thread only.
+  // Touched only by the worker running a task: one at a time, handed over
+  // under mutex_ (see running_).
   bool broken_ = false;
   std::string broken_message_;
 };
