@@ -19,13 +19,6 @@ std::string who(const ProcessGroup& group, const char* op) {
   return c10::str("[rank ", group.rank(), "/", group.size(), "] ", op);
 }
 
-// Where the model's tensors live; small control tensors go there too, since
-// NCCL communicates device tensors only.
-c10::Device model_device(const DistributedDataParallel& model) {
-  const auto parameters = model->module()->parameters();
-  return parameters.empty() ? c10::Device(c10::kCPU) : parameters[0].device();
-}
-
 // Writes with `write(tmp)` then renames tmp to `path`: readers never see a
 // partial file.
 template <typename Write>
@@ -63,7 +56,7 @@ void save(const DistributedDataParallel& model, torch::optim::Optimizer* optimiz
   // Every rank learns whether rank 0 succeeded, then all meet at a barrier so
   // that nobody reads the file before it is complete.
   auto failed = at::full({1}, error.empty() ? 0 : 1,
-                         at::TensorOptions(at::kInt).device(model_device(model)));
+                         at::TensorOptions(at::kInt).device(model->device()));
   group.broadcast(failed, {0})->wait();
   group.barrier()->wait();
   DDP_CHECK(failed.cpu().item<int>() == 0, prefix, ": rank 0 could not write '", path, "'",
@@ -96,7 +89,7 @@ void copy_from_archive(torch::nn::Module& module, torch::serialize::InputArchive
 void load(DistributedDataParallel& model, torch::optim::Optimizer* optimizer,
           const std::string& path) {
   ProcessGroup& group = *model->process_group();
-  const c10::Device device = model_device(model);
+  const c10::Device device = model->device();
   try {
     torch::serialize::InputArchive archive;
     archive.load_from(path, device);

@@ -189,9 +189,10 @@ DistributedDataParallelImpl::DistributedDataParallelImpl(detail::Forwarder forwa
 
   // Construction is a synchronisation point: agree on the model, then take
   // rank 0's values.
-  verify_same_parameters(*group_, names, parameters,
-                         all_parameters.empty() ? c10::Device(c10::kCPU)
-                                                : all_parameters.front().device());
+  if (!all_parameters.empty()) {
+    device_ = all_parameters.front().device();
+  }
+  verify_same_parameters(*group_, names, parameters, device_);
   std::vector<at::Tensor> state = all_parameters;
   state.insert(state.end(), buffers_.begin(), buffers_.end());
   internal::broadcast_coalesced(*group_, state, 0);

@@ -44,17 +44,8 @@ Join::~Join() noexcept {
   }
 }
 
-namespace {
-// Join's control tensors live with the model: NCCL moves device tensors only.
-at::TensorOptions control_options(const DistributedDataParallelImpl& model, at::ScalarType dtype) {
-  const auto parameters = model.module()->parameters();
-  return at::TensorOptions(dtype).device(parameters.empty() ? c10::Device(c10::kCPU)
-                                                            : parameters[0].device());
-}
-} // namespace
-
 void Join::on_forward(bool will_sync) {
-  auto counts = at::tensor({1, will_sync ? 1 : 0}, at::kInt).to(control_options(*model_, at::kInt));
+  auto counts = at::tensor({1, will_sync ? 1 : 0}, at::kInt).to(model_->device());
   model_->group_->allreduce(counts)->wait();
   ++steps_trained_;
 }
@@ -67,7 +58,7 @@ int64_t Join::finish() {
   ProcessGroup& group = *impl.group_;
   int64_t shadowed = 0;
   for (;;) {
-    auto counts = at::zeros({2}, control_options(impl, at::kInt));
+    auto counts = at::zeros({2}, at::TensorOptions(at::kInt).device(impl.device()));
     group.allreduce(counts)->wait();
     counts = counts.cpu();
     if (counts[0].item<int>() == 0) {
@@ -86,7 +77,7 @@ int64_t Join::finish() {
   // Everyone takes the parameters of the rank that trained longest (the
   // highest such rank on a tie).
   auto key = at::full({1}, steps_trained_ * group.size() + group.rank(),
-                      control_options(impl, at::kLong));
+                      at::TensorOptions(at::kLong).device(impl.device()));
   group.allreduce(key, {ReduceOp::kMax})->wait();
   const int source = static_cast<int>(key.item<int64_t>() % group.size());
   std::vector<at::Tensor> state;

@@ -147,6 +147,7 @@ void Reducer::initialize_buckets(const std::vector<std::vector<size_t>>& assignm
     }
     const auto& first = parameters_[assignment[b].front()];
     bucket.buffer = at::zeros({total}, first.options().requires_grad(false));
+    std::vector<std::string> names;
     int64_t offset = 0;
     for (size_t k = 0; k < assignment[b].size(); ++k) {
       const size_t index = assignment[b][k];
@@ -163,9 +164,11 @@ void Reducer::initialize_buckets(const std::vector<std::vector<size_t>>& assignm
       }
       bucket.views.push_back(view);
       bucket.variable_indices.push_back(index);
+      names.push_back(names_[index]);
       locators[index] = {b, k};
       offset += p.numel();
     }
+    bucket.parameter_names = std::make_shared<const std::vector<std::string>>(std::move(names));
     buckets.push_back(std::move(bucket));
   }
   buckets_ = std::move(buckets);
@@ -393,11 +396,8 @@ void Reducer::launch_ready_buckets() {
 
 void Reducer::launch_bucket(size_t bucket_index, const at::Tensor& buffer) {
   Bucket& bucket = buckets_[bucket_index];
-  std::vector<std::string> names;
-  for (size_t index : bucket.variable_indices) {
-    names.push_back(names_[index]);
-  }
-  GradBucket grad_bucket(bucket_index, buckets_.size(), buffer, bucket.views, std::move(names));
+  GradBucket grad_bucket(bucket_index, buckets_.size(), buffer, bucket.views,
+                         bucket.parameter_names);
   bucket.launch_ms = ms_since_first_gradient();
   auto work = comm_hook_(*group_, grad_bucket);
   DDP_CHECK(work != nullptr, who(), ": the communication hook returned no Work for bucket ",
@@ -470,9 +470,7 @@ void Reducer::finalize_backward_locked() {
     const Bucket& bucket = buckets_[b];
     BucketInsight info;
     info.index = b;
-    for (size_t index : bucket.variable_indices) {
-      info.parameter_names.push_back(names_[index]);
-    }
+    info.parameter_names = *bucket.parameter_names;
     info.dtype = c10::toString(bucket.buffer.scalar_type());
     info.bytes = static_cast<size_t>(bucket.buffer.nbytes());
     info.launch_ms = bucket.launch_ms;
@@ -548,9 +546,7 @@ std::vector<BucketInsight> Reducer::layout() const {
   for (size_t b = 0; b < buckets_.size(); ++b) {
     BucketInsight info;
     info.index = b;
-    for (size_t index : buckets_[b].variable_indices) {
-      info.parameter_names.push_back(names_[index]);
-    }
+    info.parameter_names = *buckets_[b].parameter_names;
     info.dtype = c10::toString(buckets_[b].buffer.scalar_type());
     info.bytes = static_cast<size_t>(buckets_[b].buffer.nbytes());
     layout.push_back(std::move(info));

@@ -77,6 +77,7 @@ class Reducer {
     at::Tensor buffer;
     std::vector<at::Tensor> views; // per variable, shaped like its parameter
     std::vector<size_t> variable_indices;
+    std::shared_ptr<const std::vector<std::string>> parameter_names; // of variable_indices
     size_t pending = 0; // variables not yet ready this iteration
     std::shared_ptr<Work> work;
     double launch_ms = 0;

@@ -24,8 +24,11 @@ namespace ddp {
 /// GradBucket past its call; it may keep `buffer()` (a tensor handle).
 class GradBucket {
  public:
+  /// `parameter_names` is shared with DistributedDataParallel's bucket, so
+  /// that handing a bucket to a hook copies no strings on every step.
   GradBucket(size_t index, size_t bucket_count, at::Tensor buffer,
-             std::vector<at::Tensor> gradients, std::vector<std::string> parameter_names)
+             std::vector<at::Tensor> gradients,
+             std::shared_ptr<const std::vector<std::string>> parameter_names)
       : index_(index),
         bucket_count_(bucket_count),
         buffer_(std::move(buffer)),
@@ -50,7 +53,7 @@ class GradBucket {
   }
   /// Names of the parameters whose gradients the bucket holds.
   const std::vector<std::string>& parameter_names() const {
-    return parameter_names_;
+    return *parameter_names_;
   }
 
  private:
@@ -58,7 +61,7 @@ class GradBucket {
   size_t bucket_count_;
   at::Tensor buffer_;
   std::vector<at::Tensor> gradients_;
-  std::vector<std::string> parameter_names_;
+  std::shared_ptr<const std::vector<std::string>> parameter_names_;
 };
 
 /// A communication hook. It receives the bucket and returns a `Work` (a

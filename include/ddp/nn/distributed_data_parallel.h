@@ -187,6 +187,12 @@ class DistributedDataParallelImpl : public torch::nn::Module {
     return std::dynamic_pointer_cast<ModuleType>(module_);
   }
 
+  /// The device of the replica's parameters (CPU when it has none). Small
+  /// control tensors go there too, since NCCL moves device tensors only.
+  c10::Device device() const {
+    return device_;
+  }
+
   /// The group gradients are reduced over.
   const std::shared_ptr<ProcessGroup>& process_group() const {
     return group_;
@@ -252,6 +258,7 @@ class DistributedDataParallelImpl : public torch::nn::Module {
   std::shared_ptr<ProcessGroup> group_;
   DistributedDataParallelOptions options_;
   std::vector<at::Tensor> buffers_;
+  c10::Device device_ = c10::Device(c10::kCPU);
   std::unique_ptr<internal::Reducer> reducer_;
   // Non-owning: set by a live ddp::Join on this module, which unsets it
   // before it ends.
