@@ -29,10 +29,10 @@ fail), 1 if a run fails, 2 on a bad command line or a missing build.
 
 import argparse
 import os
-import re
 import shlex
-import subprocess
 import sys
+
+import bench_common
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 WORLD_SIZE = 2
@@ -41,45 +41,32 @@ MIB = 1024 * KIB
 THROUGHPUT_TARGET_MIN_BYTES = 1 * MIB
 LATENCY_TARGET_BYTES = 4 * KIB
 
-LINE = re.compile(r"^allreduce_bench (impl=.*)$")
+LINE = r"^allreduce_bench (impl=.*)$"
 
 
 def parse_args():
     parser = argparse.ArgumentParser(
         description="Allreduce latency and bus bandwidth: ddp against torch.distributed (Gloo).")
-    parser.add_argument("build_dir", nargs="?", default="build",
-                        help="build directory holding ddprun and bench/allreduce_bench "
-                             "(default: build)")
-    parser.add_argument("--rounds", type=int, default=2,
-                        help="sweeps of each side, alternating (default: 2)")
+    bench_common.add_common_arguments(parser, ["bench/allreduce_bench"],
+                                      "sweeps of each side, alternating (default: 2)")
     parser.add_argument("--sizes", help="passed to both halves, e.g. 4K,1M (default: theirs)")
     parser.add_argument("--iters", help="passed to both halves (default: from the size)")
     parser.add_argument("--warmup", help="passed to both halves (default: from --iters)")
-    parser.add_argument("--python", default="/usr/bin/python3",
-                        help="interpreter with torch, for the torch half "
-                             "(default: /usr/bin/python3)")
     args = parser.parse_args()
-    if args.rounds < 1:
-        parser.error("--rounds must be >= 1 (got %d)" % args.rounds)
+    bench_common.check_rounds(parser, args)
     return args
 
 
 def half_commands(args):
     """The two launch commands, keyed by side."""
-    ddprun = os.path.join(args.build_dir, "ddprun")
-    bench = os.path.join(args.build_dir, "bench", "allreduce_bench")
-    for path in (ddprun, bench):
-        if not os.access(path, os.X_OK):
-            sys.stderr.write("run_allreduce_bench.py: %s not found or not executable; build it "
-                             "with `ninja -C %s ddprun allreduce_bench` (or pass the build "
-                             "directory as the first argument)\n" % (path, args.build_dir))
-            sys.exit(2)
+    ddprun, bench = bench_common.built_programs("run_allreduce_bench.py", args.build_dir,
+                                                ["bench/allreduce_bench"])
     extra = []
     for flag in ("sizes", "iters", "warmup"):
         value = getattr(args, flag)
         if value is not None:
             extra += ["--" + flag, value]
-    launch = [ddprun, "--nproc-per-node", str(WORLD_SIZE), "--no-prefix"]
+    launch = bench_common.launch(ddprun, WORLD_SIZE)
     return {
         "ddp": launch + [bench] + extra,
         "torch": launch + [args.python, os.path.join(HERE, "allreduce_bench.py")] + extra,
@@ -88,28 +75,8 @@ def half_commands(args):
 
 def run_half(side, command, env):
     """Runs one sweep; returns {bytes: fields} from its result lines."""
-    proc = subprocess.run(command, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                          universal_newlines=True)
-    results = {}
-    for line in proc.stdout.splitlines():
-        match = LINE.match(line)
-        if match:
-            fields = dict(item.split("=", 1) for item in match.group(1).split())
-            results[int(fields["bytes"])] = fields
-    if proc.returncode != 0 or not results:
-        sys.stderr.write("run_allreduce_bench.py: the %s half failed (exit code %d): %s\n"
-                         "--- its stdout ---\n%s--- its stderr ---\n%s"
-                         % (side, proc.returncode, shlex.join(command), proc.stdout, proc.stderr))
-        sys.exit(1)
-    return results
-
-
-def load_average():
-    try:
-        with open("/proc/loadavg") as f:
-            return float(f.read().split()[0])
-    except (OSError, ValueError, IndexError):
-        return float("nan")
+    lines = bench_common.run_side("run_allreduce_bench.py", side, command, env, LINE)
+    return {int(fields["bytes"]): fields for fields in lines}
 
 
 def size_name(nbytes):
@@ -133,7 +100,7 @@ def main():
     print("# allreduce benchmark: ddp vs torch.distributed, Gloo, %d ranks, float32" % WORLD_SIZE)
     for side in ("ddp", "torch"):
         print("# %-5s: OMP_NUM_THREADS=1 %s" % (side, shlex.join(commands[side])))
-    load_before = load_average()
+    load_before = bench_common.load_average()
     print("# %d rounds, order flipping each round; cores: %d, load average at start: %.2f"
           % (args.rounds, os.cpu_count() or 0, load_before), flush=True)
 
@@ -146,7 +113,7 @@ def main():
                 medians[side].setdefault(nbytes, []).append(float(fields["median_us"]) * 1e-6)
         print("# round %d/%d done (%s first)" % (round_index + 1, args.rounds, order[0]),
               flush=True)
-    load_after = load_average()
+    load_after = bench_common.load_average()
 
     sizes = sorted(set(medians["ddp"]) & set(medians["torch"]))
     header = ("size", "ddp us", "torch us", "lat ddp/torch",
@@ -161,10 +128,7 @@ def main():
                      "%.2f" % (ours / theirs), "%.3f" % ours_bw, "%.3f" % theirs_bw,
                      "%.2f" % (ours_bw / theirs_bw)))
     print()
-    print("| " + " | ".join(header) + " |")
-    print("|" + "|".join("---:" if i else "---" for i in range(len(header))) + "|")
-    for row in rows:
-        print("| " + " | ".join(row) + " |")
+    bench_common.print_table(header, rows)
 
     print()
     print("Per-round medians (us), to show the spread; the table takes the lowest:")
@@ -198,9 +162,7 @@ def main():
     # start, taken before any rank ran, is the machine's other work.
     print("Load average: %.2f before the first run, %.2f after the last, on %d cores." % (
         load_before, load_after, os.cpu_count() or 0))
-    if load_before > 0.5:
-        print("WARNING: the machine was busy before the benchmark started (load average "
-              "%.2f); the figures are noisy, rerun on an idle machine." % load_before)
+    bench_common.warn_if_busy(load_before)
     return 0
 
 

@@ -28,10 +28,10 @@ fail), 1 if a run fails, 2 on a bad command line or a missing build.
 
 import argparse
 import os
-import re
 import shlex
-import subprocess
 import sys
+
+import bench_common
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 WORLD_SIZE = 2
@@ -42,25 +42,18 @@ TARGETS = {"toy": 0.8, "mlp": 1.0}
 MODEL_NAMES = {"toy": "ToyModel (165 params, batch 20)",
                "mlp": "MLP 4x2500^2 (25.0M params, batch 8)"}
 
-LINE = re.compile(r"^ddp_step_bench (impl=.*)$")
+LINE = r"^ddp_step_bench (impl=.*)$"
 
 
 def parse_args():
     parser = argparse.ArgumentParser(
         description="DDP training step: ddp against PyTorch's DistributedDataParallel (Gloo).")
-    parser.add_argument("build_dir", nargs="?", default="build",
-                        help="build directory holding ddprun and bench/ddp_step_bench "
-                             "(default: build)")
-    parser.add_argument("--rounds", type=int, default=2,
-                        help="runs of each side per model, alternating (default: 2)")
+    bench_common.add_common_arguments(parser, ["bench/ddp_step_bench"],
+                                      "runs of each side per model, alternating (default: 2)")
     parser.add_argument("--models", default=",".join(MODELS),
                         help="comma-separated, from toy,mlp (default: both)")
-    parser.add_argument("--python", default="/usr/bin/python3",
-                        help="interpreter with torch, for the torch side "
-                             "(default: /usr/bin/python3)")
     args = parser.parse_args()
-    if args.rounds < 1:
-        parser.error("--rounds must be >= 1 (got %d)" % args.rounds)
+    bench_common.check_rounds(parser, args)
     args.models = args.models.split(",")
     for model in args.models:
         if model not in MODELS:
@@ -70,15 +63,9 @@ def parse_args():
 
 def side_commands(args, model):
     """The three launch commands of one model, keyed by side."""
-    ddprun = os.path.join(args.build_dir, "ddprun")
-    bench = os.path.join(args.build_dir, "bench", "ddp_step_bench")
-    for path in (ddprun, bench):
-        if not os.access(path, os.X_OK):
-            sys.stderr.write("run_ddp_step_bench.py: %s not found or not executable; build it "
-                             "with `ninja -C %s ddprun ddp_step_bench` (or pass the build "
-                             "directory as the first argument)\n" % (path, args.build_dir))
-            sys.exit(2)
-    launch = [ddprun, "--nproc-per-node", str(WORLD_SIZE), "--no-prefix"]
+    ddprun, bench = bench_common.built_programs("run_ddp_step_bench.py", args.build_dir,
+                                                ["bench/ddp_step_bench"])
+    launch = bench_common.launch(ddprun, WORLD_SIZE)
     return {
         "ddp": launch + [bench, "--model", model, "--mode", "ddp"],
         "torch": launch + [args.python, os.path.join(HERE, "ddp_step_bench.py"),
@@ -89,24 +76,7 @@ def side_commands(args, model):
 
 def run_side(side, command, env):
     """Runs one side once; returns the fields of its result line."""
-    proc = subprocess.run(command, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                          universal_newlines=True)
-    for line in proc.stdout.splitlines():
-        match = LINE.match(line)
-        if match and proc.returncode == 0:
-            return dict(item.split("=", 1) for item in match.group(1).split())
-    sys.stderr.write("run_ddp_step_bench.py: the %s side failed (exit code %d): %s\n"
-                     "--- its stdout ---\n%s--- its stderr ---\n%s"
-                     % (side, proc.returncode, shlex.join(command), proc.stdout, proc.stderr))
-    sys.exit(1)
-
-
-def load_average():
-    try:
-        with open("/proc/loadavg") as f:
-            return float(f.read().split()[0])
-    except (OSError, ValueError, IndexError):
-        return float("nan")
+    return bench_common.run_side("run_ddp_step_bench.py", side, command, env, LINE)[0]
 
 
 def main():
@@ -121,7 +91,7 @@ def main():
         for side in SIDES:
             print("# %-3s %-5s: OMP_NUM_THREADS=1 %s"
                   % (model, side, shlex.join(commands[model][side])))
-    load_before = load_average()
+    load_before = bench_common.load_average()
     print("# %d rounds, order rotating each round; cores: %d, load average at start: %.2f"
           % (args.rounds, os.cpu_count() or 0, load_before), flush=True)
 
@@ -133,24 +103,24 @@ def main():
         order = SIDES[shift:] + SIDES[:shift]
         for model in args.models:
             for side in order:
-                loads.append(load_average())
+                loads.append(bench_common.load_average())
                 results[model][side].append(run_side(side, commands[model][side], env))
         print("# round %d/%d done (%s first), load average %.2f"
-              % (round_index + 1, args.rounds, order[0], load_average()), flush=True)
-    load_after = load_average()
+              % (round_index + 1, args.rounds, order[0], bench_common.load_average()), flush=True)
+    load_after = bench_common.load_average()
 
     def best(model, side):
         return min(float(r["median_ms"]) for r in results[model][side])
 
     header = ("model", "ddp ms", "torch ms", "ddp/torch", "ddp no-comm ms",
               "DDP overhead (ddp/no-comm)")
-    print()
-    print("| " + " | ".join(header) + " |")
-    print("|" + "|".join("---:" if i else "---" for i in range(len(header))) + "|")
+    rows = []
     for model in args.models:
         ours, theirs, local = best(model, "ddp"), best(model, "torch"), best(model, "local")
-        print("| %s | %.3f | %.3f | %.2f | %.3f | %.2f |"
-              % (MODEL_NAMES[model], ours, theirs, ours / theirs, local, ours / local))
+        rows.append((MODEL_NAMES[model], "%.3f" % ours, "%.3f" % theirs, "%.2f" % (ours / theirs),
+                     "%.3f" % local, "%.2f" % (ours / local)))
+    print()
+    bench_common.print_table(header, rows)
 
     print()
     print("Per-round medians (ms), to show the spread; the table takes the lowest:")
@@ -178,9 +148,7 @@ def main():
     print("Load average: %.2f before the first run, %.2f to %.2f between runs, %.2f after "
           "the last, on %d cores." % (load_before, min(loads), max(loads), load_after,
                                       os.cpu_count() or 0))
-    if load_before > 0.5:
-        print("WARNING: the machine was busy before the benchmark started (load average "
-              "%.2f); the figures are noisy, rerun on an idle machine." % load_before)
+    bench_common.warn_if_busy(load_before)
     return 0
 
 

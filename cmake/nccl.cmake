@@ -10,7 +10,9 @@ if(NOT DDP_WITH_NCCL STREQUAL "OFF")
     find_path(NCCL_INCLUDE_DIR nccl.h
       HINTS $ENV{NCCL_ROOT} $ENV{NCCL_HOME} ${NCCL_ROOT} /usr/local/cuda
       PATH_SUFFIXES include)
-    find_library(NCCL_LIBRARY NAMES nccl libnccl.so.2
+    # NAMES_PER_DIR: NCCL_ROOT's libnccl.so.2 (a wheel's, which has no
+    # libnccl.so link) wins over a libnccl.so found later on the search path.
+    find_library(NCCL_LIBRARY NAMES nccl libnccl.so.2 NAMES_PER_DIR
       HINTS $ENV{NCCL_ROOT} $ENV{NCCL_HOME} ${NCCL_ROOT} /usr/local/cuda
       PATH_SUFFIXES lib lib64)
     if(NCCL_INCLUDE_DIR AND NCCL_LIBRARY)

@@ -3,7 +3,7 @@
 #include <ATen/CPUGeneratorImpl.h>
 
 #include <cstdio>
-#include <filesystem>
+#include <sys/stat.h>
 #include <fstream>
 #include <random>
 #include <stdexcept>
@@ -71,7 +71,8 @@ uint32_t read_big_endian_u32(std::istream& in, const std::string& path) {
 torch::Tensor read_idx(const std::string& path, int dims) {
   std::ifstream in(path, std::ios::binary);
   if (!in) {
-    if (std::filesystem::exists(path + ".gz")) {
+    struct stat info {};
+    if (::stat((path + ".gz").c_str(), &info) == 0) {
       fail(path, "not found, but " + path + ".gz is: decompress it first (gunzip -k " + path +
                      ".gz)");
     }
@@ -101,8 +102,8 @@ torch::Tensor read_idx(const std::string& path, int dims) {
 }
 
 ImageDataset read_pair(const std::string& dir, const std::string& prefix) {
-  const std::string images_path = (std::filesystem::path(dir) / (prefix + "-images-idx3-ubyte")).string();
-  const std::string labels_path = (std::filesystem::path(dir) / (prefix + "-labels-idx1-ubyte")).string();
+  const std::string images_path = dir + "/" + prefix + "-images-idx3-ubyte";
+  const std::string labels_path = dir + "/" + prefix + "-labels-idx1-ubyte";
   auto images = read_idx(images_path, 3);
   auto labels = read_idx(labels_path, 1);
   if (images.size(1) != kSide || images.size(2) != kSide) {

@@ -25,8 +25,13 @@
 
 #include <torch/torch.h>
 
+#include <dirent.h>
+#include <sys/stat.h>
+
+#include <cerrno>
+#include <cstring>
+
 #include <cstdio>
-#include <filesystem>
 #include <fstream>
 #include <optional>
 #include <sstream>
@@ -42,7 +47,6 @@
 
 namespace {
 
-namespace fs = std::filesystem;
 using mnist::Flags;
 using mnist::FlagError;
 
@@ -57,6 +61,7 @@ std::string ranks(int count) {
 // numbered on each node from 0.
 torch::Device pick_device(const ddp::WorldInfo& world) {
   if (!torch::cuda::is_available()) {
+    std::printf("CUDA is not available (no GPU, or a CPU-only LibTorch): training on the CPU\n");
     return torch::kCPU;
   }
   const int gpus = static_cast<int>(torch::cuda::device_count());
@@ -88,8 +93,22 @@ struct Sidecar {
   uint64_t seed = 0;
 };
 
+// mkdir -p. (Not std::filesystem: PyPI's LibTorch exports a copy of it that
+// shadows libstdc++'s, PyTorch issue 133437; plain POSIX calls avoid it.)
+void make_directories(const std::string& dir) {
+  for (size_t slash = dir.find('/', 1); ; slash = dir.find('/', slash + 1)) {
+    const std::string prefix = dir.substr(0, slash);
+    if (::mkdir(prefix.c_str(), 0777) != 0 && errno != EEXIST) {
+      throw std::runtime_error("cannot create directory " + prefix + ": " + std::strerror(errno));
+    }
+    if (slash == std::string::npos) {
+      return;
+    }
+  }
+}
+
 std::string checkpoint_path(const std::string& dir, int64_t epoch) {
-  return (fs::path(dir) / ("epoch-" + std::to_string(epoch) + ".pt")).string();
+  return dir + "/epoch-" + std::to_string(epoch) + ".pt";
 }
 
 // Writes `text` to `path` through a temporary file and a rename: readers see
@@ -105,7 +124,9 @@ void write_atomically(const std::string& path, const std::string& text) {
       throw std::runtime_error("cannot write " + tmp);
     }
   }
-  fs::rename(tmp, path);
+  if (std::rename(tmp.c_str(), path.c_str()) != 0) {
+    throw std::runtime_error("cannot rename " + tmp + " to " + path + ": " + std::strerror(errno));
+  }
 }
 
 void write_sidecar(const std::string& dir, const Sidecar& s) {
@@ -115,12 +136,12 @@ void write_sidecar(const std::string& dir, const Sidecar& s) {
        << "world_size " << s.world_size << "\n"
        << "batch_size " << s.batch_size << "\n"
        << "seed " << s.seed << "\n";
-  write_atomically((fs::path(dir) / kSidecarName).string(), text.str());
+  write_atomically(dir + "/" + kSidecarName, text.str());
 }
 
 // The sidecar of `dir`, or nullopt when there is none yet.
 std::optional<Sidecar> read_sidecar(const std::string& dir) {
-  const std::string path = (fs::path(dir) / kSidecarName).string();
+  const std::string path = dir + "/" + kSidecarName;
   std::ifstream in(path);
   if (!in) {
     return std::nullopt;
@@ -160,14 +181,18 @@ std::optional<Sidecar> read_sidecar(const std::string& dir) {
 // temporary files that a killed save left behind) but epoch `keep`'s.
 void remove_other_checkpoints(const std::string& dir, int64_t keep) {
   const std::string kept = "epoch-" + std::to_string(keep) + ".pt";
-  for (const auto& entry : fs::directory_iterator(dir)) {
-    const std::string name = entry.path().filename().string();
+  DIR* listing = ::opendir(dir.c_str());
+  if (listing == nullptr) {
+    return;
+  }
+  while (const dirent* entry = ::readdir(listing)) {
+    const std::string name = entry->d_name;
     const bool ours = name.rfind("epoch-", 0) == 0 && name.find(".pt") != std::string::npos;
     if (ours && name != kept && name != kept + ".optimizer") {
-      std::error_code ignored;
-      fs::remove(entry.path(), ignored);
+      std::remove((dir + "/" + name).c_str()); // best effort
     }
   }
+  ::closedir(listing);
 }
 
 // ---- Metrics ---------------------------------------------------------------------
@@ -297,7 +322,7 @@ int train(const Flags& flags, const ddp::WorldInfo& world, torch::Device device)
   if (is_rank0) {
     try {
       if (!flags.checkpoint_dir.empty()) {
-        fs::create_directories(flags.checkpoint_dir);
+        make_directories(flags.checkpoint_dir);
         auto sidecar = read_sidecar(flags.checkpoint_dir);
         if (sidecar && flags.resume) {
           completed_epochs = sidecar->completed_epochs;

@@ -27,9 +27,9 @@
 #include <unistd.h>
 
 #include <cstdio>
+#include <cstdlib>
 #include <cstring>
 #include <exception>
-#include <filesystem>
 #include <string>
 #include <vector>
 
@@ -93,6 +93,7 @@ ddp::Backend parse_backend(int argc, char** argv) {
 // the GPUs of one node.
 torch::Device pick_device(const ddp::WorldInfo& world) {
   if (!torch::cuda::is_available()) {
+    std::printf("CUDA is not available (no GPU, or a CPU-only LibTorch): training on the CPU\n");
     return torch::kCPU;
   }
   const int gpus = static_cast<int>(torch::cuda::device_count());
@@ -224,9 +225,9 @@ bool demo_checkpoint(ddp::ProcessGroup& group, torch::Device device) {
   // shared file system rather than /tmp.)
   auto job_id = torch::full({1}, static_cast<int64_t>(::getpid()), torch::kLong).to(device);
   group.broadcast(job_id)->wait();
-  const std::string path = (std::filesystem::temp_directory_path() /
-                            ("ddp_toy_model." + std::to_string(job_id.item<int64_t>()) + ".pt"))
-                               .string();
+  const char* tmpdir = std::getenv("TMPDIR");
+  const std::string path = std::string(tmpdir != nullptr && *tmpdir != '\0' ? tmpdir : "/tmp") +
+                           "/ddp_toy_model." + std::to_string(job_id.item<int64_t>()) + ".pt";
 
   // All ranks hold the same parameters (the constructor broadcast them), so
   // saving on one rank is enough: rank 0 writes, then every rank waits at a
@@ -254,7 +255,7 @@ bool demo_checkpoint(ddp::ProcessGroup& group, torch::Device device) {
   // before its backward, and backward's allreduce completes on rank 0 only
   // once every rank has joined it.
   if (group.rank() == 0) {
-    std::filesystem::remove(path);
+    std::remove(path.c_str());
   }
   return report_agreement("checkpoint", "parameters",
                           ddp_model->max_parameter_difference_across_ranks(), group.size());

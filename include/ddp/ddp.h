@@ -3,13 +3,14 @@
 /// Umbrella header: everything a training program needs from ddp.
 
 #include <ddp/comm/error.h>
-#include <ddp/comm/file_store.h>
-#include <ddp/comm/hash_store.h>
-#include <ddp/comm/prefix_store.h>
+#include <ddp/store/file_store.h>
+#include <ddp/store/hash_store.h>
+#include <ddp/store/prefix_store.h>
 #include <ddp/comm/process_group.h>
+#include <ddp/comm/process_group_composite.h>
 #include <ddp/comm/process_group_gloo.h>
-#include <ddp/comm/store.h>
-#include <ddp/comm/tcp_store.h>
+#include <ddp/store/store.h>
+#include <ddp/store/tcp_store.h>
 #include <ddp/comm/types.h>
 #include <ddp/comm/work.h>
 #include <ddp/data/distributed_sampler.h>

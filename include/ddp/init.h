@@ -9,14 +9,16 @@
 #include <torch/arg.h>
 
 #include <ddp/comm/process_group.h>
-#include <ddp/comm/store.h>
+#include <ddp/store/store.h>
 #include <ddp/comm/types.h>
 
 namespace ddp {
 
 /// Which communication backend a process group uses.
 enum class Backend {
-  /// NCCL when this build has it and a CUDA device is present, else Gloo.
+  /// With NCCL in this build and a CUDA device present, a
+  /// `CompositeProcessGroup` of Gloo for CPU tensors and NCCL for CUDA tensors
+  /// (PyTorch 2.x's "cpu:gloo,cuda:nccl"); otherwise Gloo.
   kAuto,
   /// Gloo: CPU tensors (CUDA tensors are staged through host memory).
   kGloo,

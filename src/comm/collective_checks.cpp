@@ -20,22 +20,6 @@ void check_same_as(const at::Tensor& t, const at::Tensor& reference, const std::
             reference_name, " (sizes ", reference.sizes(), ")");
 }
 
-void check_coalesced(const std::vector<at::Tensor>& tensors, const std::string& who,
-                     ElementCheck check_element) {
-  DDP_CHECK(!tensors.empty(), who, ": no tensors given");
-  for (size_t i = 0; i < tensors.size(); ++i) {
-    const auto name = tensors.size() == 1 ? std::string("tensor") : c10::str("tensors[", i, "]");
-    check_element(tensors[i], name);
-    if (i > 0) {
-      DDP_CHECK(tensors[i].scalar_type() == tensors[0].scalar_type(), who, ": ", name,
-                " has dtype ", tensors[i].scalar_type(), ", expected ", tensors[0].scalar_type(),
-                " like tensors[0]");
-      DDP_CHECK(tensors[i].device() == tensors[0].device(), who, ": ", name, " is on ",
-                tensors[i].device(), ", expected ", tensors[0].device(), " like tensors[0]");
-    }
-  }
-}
-
 namespace {
 
 // `where` is "" or "on the root, ", for the count message.
@@ -64,6 +48,110 @@ void check_root_only_list(const std::vector<at::Tensor>& list, int rank, int roo
               " must be empty on a rank other than the root (rank ", root, "), got ",
               list.size(), " tensors");
   }
+}
+
+void check_matches(const at::Tensor& t, const at::Tensor& reference, const std::string& who,
+                   const std::string& what, const std::string& reference_name,
+                   const TensorRules& rules) {
+  rules.check(t, who, what);
+  check_same_as(t, reference, who, what, reference_name);
+  if (rules.one_device_reason != nullptr) {
+    DDP_CHECK(t.device() == reference.device(), who, ": ", what, " is on ", t.device(),
+              ", expected ", reference.device(), " like ", reference_name, " (",
+              rules.one_device_reason, ")");
+  }
+}
+
+namespace {
+
+// The element check of a list whose tensors must match `reference`.
+// Holds references; use it within the call it is passed to.
+auto matching(const at::Tensor& reference, const std::string& who, const char* reference_name,
+              const TensorRules& rules) {
+  return [&reference, &who, reference_name, &rules](const at::Tensor& t, const std::string& what) {
+    check_matches(t, reference, who, what, reference_name, rules);
+  };
+}
+
+} // namespace
+
+void check_rooted(const at::Tensor& tensor, int root, int size, const std::string& who,
+                  const TensorRules& rules) {
+  rules.check(tensor, who, "tensor");
+  check_root(root, size, who);
+}
+
+void check_allgather(const std::vector<at::Tensor>& outputs, const at::Tensor& input, int size,
+                     const std::string& who, const TensorRules& rules) {
+  rules.check(input, who, "input");
+  check_one_per_rank(outputs, size, who, "outputs", matching(input, who, "input", rules));
+}
+
+void check_allgather_into_tensor(const at::Tensor& output, const at::Tensor& input, int size,
+                                 const std::string& who, const TensorRules& rules) {
+  rules.check(input, who, "input");
+  rules.check(output, who, "output");
+  DDP_CHECK(output.scalar_type() == input.scalar_type(), who, ": output has dtype ",
+            output.scalar_type(), ", expected ", input.scalar_type(), " like input");
+  if (rules.one_device_reason != nullptr) {
+    DDP_CHECK(output.device() == input.device(), who, ": output is on ", output.device(),
+              ", expected ", input.device(), " like input (", rules.one_device_reason, ")");
+  }
+  DDP_CHECK(output.numel() == input.numel() * size, who, ": output has ", output.numel(),
+            " elements, expected world size x input elements = ", size, " x ", input.numel(),
+            " = ", input.numel() * size);
+}
+
+void check_gather(const std::vector<at::Tensor>& outputs, const at::Tensor& input, int rank,
+                  int root, int size, const std::string& who, const TensorRules& rules) {
+  rules.check(input, who, "input");
+  check_root(root, size, who);
+  check_root_only_list(outputs, rank, root, size, who, "outputs", matching(input, who, "input", rules));
+}
+
+void check_scatter(const at::Tensor& output, const std::vector<at::Tensor>& inputs, int rank,
+                   int root, int size, const std::string& who, const TensorRules& rules) {
+  rules.check(output, who, "output");
+  check_root(root, size, who);
+  check_root_only_list(inputs, rank, root, size, who, "inputs", matching(output, who, "output", rules));
+}
+
+void check_reduce_scatter(const at::Tensor& output, const std::vector<at::Tensor>& inputs, int size,
+                          const std::string& who, const TensorRules& rules) {
+  rules.check(output, who, "output");
+  check_one_per_rank(inputs, size, who, "inputs", matching(output, who, "output", rules));
+}
+
+void check_alltoall(const at::Tensor& output, const at::Tensor& input, int size,
+                    const std::string& who, const TensorRules& rules) {
+  rules.check(input, who, "input");
+  check_matches(output, input, who, "output", "input", rules);
+  DDP_CHECK(input.numel() % size == 0, who, ": input has ", input.numel(),
+            " elements, which does not split into ", size, " equal chunks");
+}
+
+void check_coalesced(const std::vector<at::Tensor>& tensors, const std::string& who,
+                     const TensorRules& rules) {
+  DDP_CHECK(!tensors.empty(), who, ": no tensors given");
+  for (size_t i = 0; i < tensors.size(); ++i) {
+    const auto name = tensors.size() == 1 ? std::string("tensor") : c10::str("tensors[", i, "]");
+    rules.check(tensors[i], who, name);
+    if (i > 0) {
+      DDP_CHECK(tensors[i].scalar_type() == tensors[0].scalar_type(), who, ": ", name,
+                " has dtype ", tensors[i].scalar_type(), ", expected ", tensors[0].scalar_type(),
+                " like tensors[0]");
+      DDP_CHECK(tensors[i].device() == tensors[0].device(), who, ": ", name, " is on ",
+                tensors[i].device(), ", expected ", tensors[0].device(), " like tensors[0]");
+    }
+  }
+}
+
+void check_point_to_point(const at::Tensor& tensor, int peer, int tag, int rank, int size,
+                          const std::string& who, const char* role, const TensorRules& rules) {
+  rules.check(tensor, who, "tensor");
+  DDP_CHECK(peer >= 0 && peer < size && peer != rank, who, ": ", role, " rank ", peer,
+            " is invalid (expected another rank in [0, ", size, "), this is rank ", rank, ")");
+  DDP_CHECK(tag >= 0, who, ": tag must be non-negative (got ", tag, ")");
 }
 
 } // namespace ddp::internal

@@ -6,8 +6,10 @@
 // shape of STYLE.md §4; `who` is "[rank R/W] op".
 //
 // What a backend supports (devices, dtypes, one GPU per process) stays in the
-// backend: the list checks take it as `check_element`, which the backend
-// calls with each element and its name ("outputs[2]").
+// backend: it hands its rules to the checks as `TensorRules`, whose `check`
+// is called with each tensor and its name ("outputs[2]"). Each backend's
+// collective then opens with one call, e.g. check_gather(...), so that every
+// backend refuses the same misuse with the same message.
 
 #include <ATen/core/Tensor.h>
 #include <c10/util/FunctionRef.h>
@@ -28,12 +30,6 @@ void check_root(int root, int size, const std::string& who);
 void check_same_as(const at::Tensor& t, const at::Tensor& reference, const std::string& who,
                    const std::string& what, const std::string& reference_name);
 
-// The tensors of allreduce_coalesced: at least one, each passing
-// `check_element`, all of the dtype and device of the first. One tensor is
-// named "tensor", several "tensors[i]".
-void check_coalesced(const std::vector<at::Tensor>& tensors, const std::string& who,
-                     ElementCheck check_element);
-
 // `list` (named `what`: "outputs", "inputs") holds one tensor per rank, each
 // passing `check_element` (allgather, reduce_scatter).
 void check_one_per_rank(const std::vector<at::Tensor>& list, int size, const std::string& who,
@@ -43,5 +39,57 @@ void check_one_per_rank(const std::vector<at::Tensor>& list, int size, const std
 // outputs, scatter's inputs).
 void check_root_only_list(const std::vector<at::Tensor>& list, int rank, int root, int size,
                           const std::string& who, const char* what, ElementCheck check_element);
+
+// What one backend accepts; a backend keeps one constant of it.
+struct TensorRules {
+  // The backend's check of one tensor argument (device, dtype, layout);
+  // `who` is "[rank R/W] op", `what` names the argument ("outputs[2]").
+  void (*check)(const at::Tensor& t, const std::string& who, const std::string& what);
+  // When set, every tensor of an operation must be on the device of its
+  // first tensor, and this says why in the message ("the NCCL backend drives
+  // one GPU per process").
+  const char* one_device_reason = nullptr;
+};
+
+// `t` (named `what`) passes the rules and matches `reference` as
+// check_same_as does (and in device, under one_device_reason).
+void check_matches(const at::Tensor& t, const at::Tensor& reference, const std::string& who,
+                   const std::string& what, const std::string& reference_name,
+                   const TensorRules& rules);
+
+// ---- One call per operation ------------------------------------------------------
+
+// broadcast and reduce: `tensor` and the root.
+void check_rooted(const at::Tensor& tensor, int root, int size, const std::string& who,
+                  const TensorRules& rules);
+
+void check_allgather(const std::vector<at::Tensor>& outputs, const at::Tensor& input, int size,
+                     const std::string& who, const TensorRules& rules);
+
+void check_allgather_into_tensor(const at::Tensor& output, const at::Tensor& input, int size,
+                                 const std::string& who, const TensorRules& rules);
+
+void check_gather(const std::vector<at::Tensor>& outputs, const at::Tensor& input, int rank,
+                  int root, int size, const std::string& who, const TensorRules& rules);
+
+void check_scatter(const at::Tensor& output, const std::vector<at::Tensor>& inputs, int rank,
+                   int root, int size, const std::string& who, const TensorRules& rules);
+
+void check_reduce_scatter(const at::Tensor& output, const std::vector<at::Tensor>& inputs, int size,
+                          const std::string& who, const TensorRules& rules);
+
+void check_alltoall(const at::Tensor& output, const at::Tensor& input, int size,
+                    const std::string& who, const TensorRules& rules);
+
+// allreduce_coalesced: at least one tensor, each passing the rules, all of
+// the dtype and device of the first. One tensor is named "tensor", several
+// "tensors[i]".
+void check_coalesced(const std::vector<at::Tensor>& tensors, const std::string& who,
+                     const TensorRules& rules);
+
+// send and recv: `peer` is another rank, named by `role` ("destination",
+// "source"); the tag is non-negative.
+void check_point_to_point(const at::Tensor& tensor, int peer, int tag, int rank, int size,
+                          const std::string& who, const char* role, const TensorRules& rules);
 
 } // namespace ddp::internal

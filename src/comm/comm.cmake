@@ -1,12 +1,15 @@
-# Work, ProcessGroup, the argument checks the backends share, the Gloo backend
-# and rendezvous.
+# The process-group core: Work, ProcessGroup, the composite group, the
+# argument checks and reduce kernels the backends share, and
+# init_process_group. Each backend is a part of its own in its folder.
 ddp_add_part(ddp_comm
   src/comm/types.cpp
   src/comm/work.cpp
   src/comm/process_group.cpp
+  src/comm/process_group_composite.cpp
   src/comm/collective_checks.cpp
-  src/comm/process_group_gloo.cpp
   src/comm/reduce_kernels.cpp
-  src/comm/gloo_rendezvous.cpp
   src/comm/init.cpp)
 target_precompile_headers(ddp_comm PRIVATE <ATen/ATen.h>)
+
+include(src/comm/gloo/gloo.cmake)
+include(src/comm/nccl/nccl.cmake)

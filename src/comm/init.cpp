@@ -4,13 +4,15 @@
 #include <ddp/init.h>
 
 #include <cstdlib>
+#include <map>
 #include <mutex>
 #include <optional>
 #include <vector>
 
-#include <ddp/comm/hash_store.h>
+#include <ddp/store/hash_store.h>
+#include <ddp/comm/process_group_composite.h>
 #include <ddp/comm/process_group_gloo.h>
-#include <ddp/comm/tcp_store.h>
+#include <ddp/store/tcp_store.h>
 #ifdef DDP_WITH_NCCL
 #include <ddp/comm/process_group_nccl.h>
 #endif
@@ -167,17 +169,32 @@ std::shared_ptr<ProcessGroup> create_group(std::shared_ptr<Store> store, int ran
                                            const InitOptions& options, const std::string& master_addr) {
   DDP_CHECK(store != nullptr, "init_process_group: the store is null");
   Backend backend = options.backend();
+  const auto make_gloo = [&] {
+    return ProcessGroupGloo::create(store, rank, world_size,
+                                    ProcessGroupGlooOptions()
+                                        .timeout(options.timeout())
+                                        .master_addr(master_addr)
+                                        .group_name(options.group_name()));
+  };
 #ifdef DDP_WITH_NCCL
-  if (backend == Backend::kAuto) {
-    backend = ProcessGroupNCCL::is_available() ? Backend::kNccl : Backend::kGloo;
-  }
-  if (backend == Backend::kNccl) {
-    // The device is the one of the first tensors, or LOCAL_RANK's (see
-    // ProcessGroupNCCLOptions::device_index).
-    return ProcessGroupNCCL::create(std::move(store), rank, world_size,
+  // The device is the one of the first tensors, or LOCAL_RANK's (see
+  // ProcessGroupNCCLOptions::device_index).
+  const auto make_nccl = [&] {
+    return ProcessGroupNCCL::create(store, rank, world_size,
                                     ProcessGroupNCCLOptions()
                                         .timeout(options.timeout())
                                         .group_name(options.group_name()));
+  };
+  if (backend == Backend::kAuto && ProcessGroupNCCL::is_available()) {
+    // PyTorch 2.x's default, "cpu:gloo,cuda:nccl": CPU tensors keep working
+    // on a GPU machine, CUDA tensors get NCCL.
+    std::map<c10::DeviceType, std::shared_ptr<ProcessGroup>> backends;
+    backends[c10::DeviceType::CPU] = make_gloo();
+    backends[c10::DeviceType::CUDA] = make_nccl();
+    return std::make_shared<CompositeProcessGroup>(std::move(backends));
+  }
+  if (backend == Backend::kNccl) {
+    return make_nccl();
   }
 #else
   if (backend == Backend::kAuto) {
@@ -188,11 +205,7 @@ std::shared_ptr<ProcessGroup> create_group(std::shared_ptr<Store> store, int ran
             "LibTorch with CUDA and NCCL at build time, see DDP_WITH_NCCL); use Backend::kGloo, "
             "which also accepts CUDA tensors");
 #endif
-  return ProcessGroupGloo::create(std::move(store), rank, world_size,
-                                  ProcessGroupGlooOptions()
-                                      .timeout(options.timeout())
-                                      .master_addr(master_addr)
-                                      .group_name(options.group_name()));
+  return make_gloo();
 }
 
 } // namespace

@@ -8,8 +8,12 @@
 
 #include <ddp/init.h>
 
+#include "testing/errors.h"
+
 namespace ddp {
 namespace {
+
+using ddp::testing::error_of;
 
 const char* const kAllVars[] = {
     "RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT",
@@ -33,15 +37,6 @@ class InitTest : public ::testing::Test {
   }
 };
 
-std::string error_of(const std::function<void()>& fn) {
-  try {
-    fn();
-  } catch (const c10::Error& e) {
-    return e.what();
-  }
-  return "<no error>";
-}
-
 TEST_F(InitTest, NoLauncherVariablesMeanAWorldOfOne) {
   const auto info = world_info_from_env();
   EXPECT_EQ(info.source, "none");
@@ -52,7 +47,14 @@ TEST_F(InitTest, NoLauncherVariablesMeanAWorldOfOne) {
   EXPECT_TRUE(is_initialized());
   EXPECT_EQ(pg->rank(), 0);
   EXPECT_EQ(pg->size(), 1);
-  EXPECT_EQ(pg->backend_name(), "gloo");
+  // Backend::kAuto: Gloo, paired with NCCL for CUDA tensors where this build
+  // has NCCL and a GPU is present (PyTorch 2.x's default group).
+#ifdef DDP_WITH_NCCL
+  const bool with_nccl = torch::cuda::is_available();
+#else
+  const bool with_nccl = false;
+#endif
+  EXPECT_EQ(pg->backend_name(), with_nccl ? "cpu:gloo,cuda:nccl" : "gloo");
   EXPECT_EQ(pg->timeout(), std::chrono::minutes(30)); // PyTorch's default
   auto t = torch::arange(5, torch::kFloat);
   pg->allreduce(t)->wait();

@@ -20,5 +20,7 @@ target_compile_definitions(distributed_sampler_test PRIVATE
 # that rendezvous over env:// (init_process_group).
 ddp_add_gtest(distributed_sampler_group_test
   SOURCES data/distributed_sampler_group_test.cpp
-  LIBS ddp_data ddp_data_pg ddp_comm ddp_stores ddp_internal
+  LIBS ddp_data ddp_data_pg ddp_comm ddp_comm_gloo ddp_stores ddp_internal
+       # init.cpp of a CUDA build creates ProcessGroupNCCL for kAuto/kNccl.
+       $<$<BOOL:${DDP_HAVE_NCCL}>:ddp_nccl>
   TIMEOUT 60)

@@ -21,6 +21,8 @@
 #include <tuple>
 #include <vector>
 
+#include "testing/errors.h"
+
 #ifndef DDP_TEST_PYTHON
 #error "DDP_TEST_PYTHON must name the Python interpreter that has torch"
 #endif
@@ -30,6 +32,8 @@
 
 namespace ddp {
 namespace {
+
+using ddp::testing::error_of;
 
 using Indices = std::vector<size_t>;
 
@@ -508,17 +512,6 @@ TEST_F(DistributedSamplerTest, LoadRejectsAnotherLayout) {
 }
 
 // ---- Errors ----------------------------------------------------------------
-
-// The message of the c10::Error that `make` throws, or "" if none.
-template <typename F>
-std::string error_of(F make) {
-  try {
-    make();
-  } catch (const c10::Error& e) {
-    return e.msg();
-  }
-  return "";
-}
 
 TEST_F(DistributedSamplerTest, RejectsBadPlacement) {
   EXPECT_EQ(

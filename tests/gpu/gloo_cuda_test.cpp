@@ -113,6 +113,27 @@ TEST_P(GlooCuda, ReduceScatterAlltoallAndPointToPoint) {
   });
 }
 
+// Note [Gloo and CUDA streams]: a tensor written on a non-blocking pool
+// stream, behind a long kernel, is reduced only once the write has landed,
+// and the result is there for the caller's stream once wait() returns.
+TEST(GlooCudaStreams, CollectiveWaitsForTheCallersStreamAndItsResultFollowsWait) {
+  DDP_REQUIRE_GPUS(1);
+  constexpr int64_t kCount = 1 << 16;
+  run_threads(kWorld, [&](int rank, std::shared_ptr<Store> store) {
+    auto pg = make_gloo_group(store, rank, kWorld);
+    auto stream = c10::cuda::getStreamFromPool(/*isHighPriority=*/false, 0);
+    c10::cuda::CUDAStreamGuard guard(stream);
+    auto tensor = torch::zeros({kCount}, cuda());
+    ddp_gpu_test::keep_stream_busy(std::chrono::milliseconds(300));
+    tensor.fill_(rank + 1.0); // queued behind the busy kernel
+    auto work = pg->allreduce(tensor);
+    work->wait();
+    tensor.mul_(2.0); // the caller's next kernel, on its own stream
+    EXPECT_TRUE(torch::equal(tensor.cpu(), torch::full({kCount}, 6.0)))
+        << "rank " << rank << " got " << tensor.cpu().slice(0, 0, 4);
+  });
+}
+
 INSTANTIATE_TEST_SUITE_P(Sizes, GlooCuda,
                          ::testing::Values(int64_t{0}, int64_t{1}, int64_t{7}, int64_t{(1 << 18) + 3}),
                          [](const ::testing::TestParamInfo<int64_t>& info) {

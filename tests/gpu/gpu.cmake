@@ -6,8 +6,9 @@
 # (DDP_HAVE_NCCL), carry the label "gpu", and skip with "no CUDA device: NCCL
 # tests need a GPU" on a machine without one.
 #
-# One test runs everywhere: `nccl_backend_compiles` builds
-# ddp_nccl_syntax_check (src/comm/nccl.cmake), which type-checks the backend
+# In a build without the backend, one test stands in for them:
+# `nccl_backend_compiles` builds
+# ddp_nccl_syntax_check (src/comm/nccl/nccl.cmake), which type-checks the backend
 # and these test sources against the CUDA, NCCL and c10/cuda headers without
 # linking anything. It is skipped, saying why, when those headers are absent.
 set(DDP_GPU_TEST_SOURCES
@@ -15,13 +16,15 @@ set(DDP_GPU_TEST_SOURCES
   gpu/nccl_work_test.cpp
   gpu/nccl_watchdog_test.cpp
   gpu/gloo_cuda_test.cpp
+  gpu/composite_cuda_test.cpp
   gpu/ddp_cuda_test.cpp
-  gpu/ddp_cuda_parity_main.cpp
-  gpu/ddp_step_bench.cpp)
+  gpu/ddp_cuda_parity_main.cpp)
 
 # ---- The compile check ---------------------------------------------------------------
 set(_ddp_skip_code 77)
-if(TARGET ddp_nccl_syntax_check)
+if(DDP_HAVE_NCCL)
+  # The backend and these tests are compiled and linked below.
+elseif(TARGET ddp_nccl_syntax_check)
   add_library(ddp_gpu_tests_syntax_check OBJECT EXCLUDE_FROM_ALL ${DDP_GPU_TEST_SOURCES})
   target_include_directories(ddp_gpu_tests_syntax_check PRIVATE
     ${PROJECT_SOURCE_DIR}/include ${PROJECT_SOURCE_DIR}/src ${PROJECT_SOURCE_DIR}/tests
@@ -43,8 +46,10 @@ else()
   add_test(NAME nccl_backend_compiles
     COMMAND sh -c "echo 'nccl_backend_compiles: skipped: ${DDP_NCCL_SYNTAX_CHECK_SKIP_REASON}'; exit ${_ddp_skip_code}")
 endif()
-set_tests_properties(nccl_backend_compiles PROPERTIES
-  TIMEOUT 300 SKIP_RETURN_CODE ${_ddp_skip_code} LABELS "gpu")
+if(NOT DDP_HAVE_NCCL)
+  set_tests_properties(nccl_backend_compiles PROPERTIES
+    TIMEOUT 300 SKIP_RETURN_CODE ${_ddp_skip_code} LABELS "gpu")
+endif()
 
 if(NOT DDP_HAVE_NCCL)
   return()
@@ -68,22 +73,18 @@ ddp_add_gpu_gtest(nccl_work_test gpu/nccl_work_test.cpp 120)
 ddp_add_gpu_gtest(nccl_watchdog_test gpu/nccl_watchdog_test.cpp 180)
 # Gloo with CUDA tensors, world size 2 as threads on one GPU.
 ddp_add_gpu_gtest(gloo_cuda_test gpu/gloo_cuda_test.cpp 180)
+# Backend::kAuto: Gloo for CPU tensors and NCCL for CUDA tensors in one group.
+ddp_add_gpu_gtest(composite_cuda_test gpu/composite_cuda_test.cpp 180)
 # DistributedDataParallel on CUDA over NCCL at world size 1 against the CPU.
 ddp_add_gpu_gtest(ddp_cuda_test gpu/ddp_cuda_test.cpp 120)
 
-# Programs: DDP parity on CUDA at world size 2 under ddprun, and the DDP step
-# benchmark (never run as a test; see docs/gpu.md). GTest::gtest only for
-# the shared precompiled header, as in tests/nn.
-foreach(program gpu_ddp_parity_main:ddp_cuda_parity_main gpu_ddp_step_bench:ddp_step_bench)
-  string(REPLACE ":" ";" _pair ${program})
-  list(GET _pair 0 _name)
-  list(GET _pair 1 _source)
-  add_executable(${_name} gpu/${_source}.cpp)
-  target_link_libraries(${_name} PRIVATE ddp ddp_nccl_deps torch GTest::gtest Threads::Threads)
-  target_include_directories(${_name} PRIVATE ${PROJECT_SOURCE_DIR}/tests)
-  target_precompile_headers(${_name} REUSE_FROM ddp_test_pch)
-  set_target_properties(${_name} PROPERTIES POSITION_INDEPENDENT_CODE OFF)
-endforeach()
+# DDP parity on CUDA at world size 2 under ddprun. GTest::gtest only for the
+# shared precompiled header, as in tests/nn.
+add_executable(gpu_ddp_parity_main gpu/ddp_cuda_parity_main.cpp)
+target_link_libraries(gpu_ddp_parity_main PRIVATE ddp ddp_nccl_deps torch GTest::gtest Threads::Threads)
+target_include_directories(gpu_ddp_parity_main PRIVATE ${PROJECT_SOURCE_DIR}/tests)
+target_precompile_headers(gpu_ddp_parity_main REUSE_FROM ddp_test_pch)
+set_target_properties(gpu_ddp_parity_main PROPERTIES POSITION_INDEPENDENT_CODE OFF)
 
 # Gloo ranks may share a GPU; NCCL needs one per rank and skips otherwise.
 foreach(backend gloo nccl)

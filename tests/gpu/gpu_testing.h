@@ -5,6 +5,7 @@
 
 #include <ATen/cuda/Sleep.h>
 #include <c10/cuda/CUDAFunctions.h>
+#include <c10/cuda/CUDAGuard.h>
 #include <c10/cuda/CUDAStream.h>
 #include <cuda_runtime_api.h>
 #include <gtest/gtest.h>
@@ -17,7 +18,7 @@
 #include <string>
 #include <type_traits>
 
-#include <ddp/comm/hash_store.h>
+#include <ddp/store/hash_store.h>
 #include <ddp/comm/process_group_nccl.h>
 
 namespace ddp_gpu_test {

@@ -18,7 +18,7 @@
 #include <thread>
 
 #include <ddp/comm/error.h>
-#include <ddp/comm/hash_store.h>
+#include <ddp/store/hash_store.h>
 #include <ddp/comm/process_group_nccl.h>
 
 #include "gpu/gpu_testing.h"
@@ -66,7 +66,7 @@ TEST(NcclWatchdog, PeerThatNeverCreatesItsCommunicatorTimesOut) {
   auto store = std::make_shared<HashStore>();
   const std::string name = ddp_gpu_test::fresh_group_name();
   // Rank 1's arrival, written by hand: the keys of ensure_communicator's
-  // rendezvous (src/comm/nccl_engine.cpp, gloo_rendezvous.cpp) for the first
+  // rendezvous (src/comm/nccl/nccl_engine.cpp, gloo_rendezvous.cpp) for the first
   // group of this name. Rank 0 then gets past the store and waits in NCCL.
   const std::string prefix = "ddp/" + name + "/nccl/0/";
   store->add(prefix + "claim/1", 1);

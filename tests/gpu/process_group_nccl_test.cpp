@@ -4,7 +4,7 @@
 // size needs as many GPUs and is skipped on a machine with fewer, so a
 // single-GPU machine runs world size 1. Inside each case every dtype and
 // every reduce op that NCCL has. Expected values are in closed form, as in
-// tests/comm/process_group_gloo_test.cpp: rank r contributes r + (i % 5) at
+// tests/comm/gloo/process_group_gloo_test.cpp: rank r contributes r + (i % 5) at
 // element i, so SUM = W(W-1)/2 + W(i % 5), AVG = (i % 5) + (W-1)/2, ...
 //
 // Every test skips with "no CUDA device: NCCL tests need a GPU" on a

@@ -17,7 +17,7 @@
 #include <chrono>
 #include <cstdlib>
 #include <cstring>
-#include <filesystem>
+#include <ftw.h>
 #include <fstream>
 #include <map>
 #include <set>
@@ -236,8 +236,13 @@ class TempDir {
     path_ = name;
   }
   ~TempDir() {
-    std::error_code ignored;
-    std::filesystem::remove_all(path_, ignored);
+    // Depth first, without following links. (Not std::filesystem: PyPI's
+    // LibTorch, which this test links, exports a copy of it that shadows
+    // libstdc++'s; see docs/design.md.)
+    ::nftw(
+        path_.c_str(),
+        [](const char* path, const struct stat*, int, struct FTW*) { return ::remove(path); }, 16,
+        FTW_DEPTH | FTW_PHYS);
   }
   const std::string& path() const { return path_; }
 

@@ -17,8 +17,12 @@
 
 #include "reducer/bucket_assignment.h"
 
+#include "testing/errors.h"
+
 namespace ddp::internal {
 namespace {
+
+using ddp::testing::error_of;
 
 using Buckets = std::vector<std::vector<size_t>>;
 
@@ -34,15 +38,6 @@ std::vector<GradientSpec> cpu_floats(const std::vector<size_t>& bytes) {
     specs.push_back(cpu_float(b));
   }
   return specs;
-}
-
-std::string error_of(const std::function<void()>& fn) {
-  try {
-    fn();
-  } catch (const c10::Error& e) {
-    return e.what();
-  }
-  return "<no error>";
 }
 
 TEST(BucketAssignmentTest, NoGradientsMeanNoBuckets) {

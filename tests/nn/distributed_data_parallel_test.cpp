@@ -14,8 +14,12 @@
 
 #include "nn/closed_form.h"
 
+#include "testing/errors.h"
+
 namespace ddp {
 namespace {
+
+using ddp::testing::error_of;
 
 const char* const kLauncherVars[] = {"RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE",
                                      "MASTER_ADDR", "MASTER_PORT"};
@@ -32,15 +36,6 @@ class DistributedDataParallelTest : public ::testing::Test {
     destroy_process_group();
   }
 };
-
-std::string error_of(const std::function<void()>& fn) {
-  try {
-    fn();
-  } catch (const c10::Error& e) {
-    return e.what();
-  }
-  return "<no error>";
-}
 
 TEST_F(DistributedDataParallelTest, BeforeInitProcessGroupSaysToCallIt) {
   ASSERT_FALSE(is_initialized());

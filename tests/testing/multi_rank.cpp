@@ -16,8 +16,8 @@
 #include <stdexcept>
 #include <thread>
 
-#include <ddp/comm/file_store.h>
-#include <ddp/comm/hash_store.h>
+#include <ddp/store/file_store.h>
+#include <ddp/store/hash_store.h>
 #include <ddp/comm/process_group_gloo.h>
 
 namespace ddp::testing {
@@ -73,6 +73,12 @@ std::shared_ptr<ProcessGroup> make_gloo_group(std::shared_ptr<Store> store, int 
   return ProcessGroupGloo::create(
       std::move(store), rank, world_size,
       ProcessGroupGlooOptions().timeout(timeout).hostname("127.0.0.1").group_name(name));
+}
+
+std::shared_ptr<ProcessGroup> make_gloo_group_of_one() {
+  auto store = std::make_shared<HashStore>();
+  store->set(kRunIdKey, next_run_id());
+  return make_gloo_group(std::move(store), 0, 1);
 }
 
 namespace {

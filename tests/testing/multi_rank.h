@@ -16,7 +16,7 @@
 #include <vector>
 
 #include <ddp/comm/process_group.h>
-#include <ddp/comm/store.h>
+#include <ddp/store/store.h>
 
 namespace ddp::testing {
 
@@ -26,9 +26,14 @@ void run_threads(int world_size,
                  const std::function<void(int rank, std::shared_ptr<Store> store)>& fn);
 
 // A Gloo group on loopback with a group name unique to this test process.
+// `store` comes from run_threads or run_processes, which record the run's id
+// in it.
 std::shared_ptr<ProcessGroup> make_gloo_group(
     std::shared_ptr<Store> store, int rank, int world_size,
     std::chrono::milliseconds timeout = std::chrono::seconds(30));
+
+// A Gloo group of one rank over a fresh HashStore, outside run_threads.
+std::shared_ptr<ProcessGroup> make_gloo_group_of_one();
 
 // What happened to one forked rank.
 struct ProcessResult {

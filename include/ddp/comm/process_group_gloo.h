@@ -9,7 +9,7 @@
 #include <string>
 
 #include <ddp/comm/process_group.h>
-#include <ddp/comm/store.h>
+#include <ddp/store/store.h>
 
 namespace ddp {
 

@@ -14,7 +14,7 @@
 #include <vector>
 
 #include <ddp/comm/process_group.h>
-#include <ddp/comm/store.h>
+#include <ddp/store/store.h>
 
 namespace ddp {
 

@@ -1,0 +1,94 @@
+"""What the side-by-side benchmark drivers share: the command line, finding
+the built programs, launching one side under ddprun, reading its result
+lines, the machine's load, and printing a Markdown table.
+
+Each benchmark program prints one result line per measurement,
+`<name> key=value key=value ...`; a driver runs ddp's side and PyTorch's
+side in turn and compares those fields.
+"""
+
+import argparse
+import os
+import re
+import shlex
+import subprocess
+import sys
+
+
+def add_common_arguments(parser, programs, rounds_help):
+    """The arguments of every driver: the build directory holding ddprun and
+    `programs` (paths under it), --rounds and --python."""
+    parser.add_argument("build_dir", nargs="?", default="build",
+                        help="build directory holding ddprun and %s (default: build)"
+                        % " and ".join(programs))
+    parser.add_argument("--rounds", type=int, default=2, help=rounds_help)
+    parser.add_argument("--python", default="/usr/bin/python3",
+                        help="interpreter with torch, for PyTorch's side (default: /usr/bin/python3)")
+
+
+def check_rounds(parser, args):
+    if args.rounds < 1:
+        parser.error("--rounds must be >= 1 (got %d)" % args.rounds)
+
+
+def built_programs(driver, build_dir, programs):
+    """Paths of ddprun and of `programs` in `build_dir`; exits 2, saying what
+    to build, when one is missing."""
+    paths = [os.path.join(build_dir, "ddprun")] + [os.path.join(build_dir, p) for p in programs]
+    for path in paths:
+        if not os.access(path, os.X_OK):
+            targets = " ".join(["ddprun"] + [os.path.basename(p) for p in programs])
+            sys.stderr.write("%s: %s not found or not executable; build it with `ninja -C %s %s` "
+                             "(or pass the build directory as the first argument)\n"
+                             % (driver, path, build_dir, targets))
+            sys.exit(2)
+    return paths
+
+
+def launch(ddprun, world_size):
+    """The ddprun prefix that starts `world_size` ranks with plain output."""
+    return [ddprun, "--nproc-per-node", str(world_size), "--no-prefix"]
+
+
+def run_side(driver, side, command, env, line_pattern):
+    """Runs one side once; returns the fields of each line matching
+    `line_pattern` (whose group 1 is the key=value part). Exits 1, showing
+    the side's output, when it fails or prints no such line."""
+    proc = subprocess.run(command, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                          universal_newlines=True)
+    pattern = re.compile(line_pattern)
+    results = []
+    for line in proc.stdout.splitlines():
+        match = pattern.match(line)
+        if match:
+            results.append(dict(item.split("=", 1) for item in match.group(1).split()))
+    if proc.returncode != 0 or not results:
+        sys.stderr.write("%s: the %s side failed (exit code %d): %s\n"
+                         "--- its stdout ---\n%s--- its stderr ---\n%s"
+                         % (driver, side, proc.returncode, shlex.join(command), proc.stdout,
+                            proc.stderr))
+        sys.exit(1)
+    return results
+
+
+def load_average():
+    """The 1-minute load average, or NaN where /proc has none."""
+    try:
+        with open("/proc/loadavg") as f:
+            return float(f.read().split()[0])
+    except (OSError, ValueError, IndexError):
+        return float("nan")
+
+
+def warn_if_busy(load_before):
+    if load_before > 0.5:
+        print("WARNING: the machine was busy before the benchmark started (load average "
+              "%.2f); the figures are noisy, rerun on an idle machine." % load_before)
+
+
+def print_table(header, rows):
+    """A Markdown table: the first column left-aligned, the others right."""
+    print("| " + " | ".join(header) + " |")
+    print("|" + "|".join("---:" if i else "---" for i in range(len(header))) + "|")
+    for row in rows:
+        print("| " + " | ".join(row) + " |")

@@ -1,0 +1,902 @@
+// The Gloo backend.
+//
+// How it works. `create` meets the other ranks through the Store (see
+// gloo_rendezvous.h) and builds one Gloo context: a full mesh of TCP pairs.
+// Each collective call checks its arguments on the caller's thread, takes
+// the next sequence number, and queues a `Task` (a closure over the tensors)
+// for the group's workers. They run tasks one at a time in queue order, which
+// is issue order, so every rank runs the same collectives
+// in the same order: the ProcessGroup contract turned into an execution
+// order. The sequence number becomes the Gloo tag of the task's messages and
+// names the task in errors.
+//
+// Every task calls one Gloo algorithm with the deadline of the call. When one
+// fails (a timeout, a peer that closed its connection), the worker converts
+// Gloo's exception into our CommError family, fails that task, and marks the
+// group broken: queued and later tasks then fail at once with the first error,
+// because peers may be stuck mid-collective and no later collective could
+// line up.
+//
+// CUDA tensors are staged: copied to pinned host memory before the task and
+// back after it (`Staging`), in the order that Note [Gloo and CUDA streams]
+// explains. send/recv bypass the queue: they post the transfer at once on
+// Gloo's unbound buffers and complete in `Work::wait`, both on the caller's
+// thread and current stream.
+
+#include <ddp/comm/process_group_gloo.h>
+
+#include <ATen/ATen.h>
+#include <c10/core/Event.h>
+#include <c10/core/impl/VirtualGuardImpl.h>
+
+#include <algorithm>
+#include <atomic>
+#include <deque>
+#include <map>
+#include <thread>
+
+#include <ddp/comm/error.h>
+
+#include "comm/collective_checks.h"
+#include "comm/gloo/gloo_api.h"
+#include "comm/gloo/gloo_rendezvous.h"
+#include "comm/reduce_kernels.h"
+#include "internal/check.h"
+
+namespace ddp {
+
+namespace {
+
+// Slot prefix of send/recv; Gloo's own algorithms use 0x01 to 0x08.
+constexpr uint8_t kPointToPointSlotPrefix = 0x20;
+
+// Copies CUDA tensors to pinned host memory and back; a no-op for CPU
+// tensors. Lives on the worker thread for the duration of one task.
+class Staging {
+ public:
+  // The host tensor to operate on in place of `tensor`.
+  at::Tensor in(const at::Tensor& tensor) {
+    if (!tensor.is_cuda()) {
+      return tensor;
+    }
+    auto host = at::empty(tensor.sizes(), tensor.options().device(at::kCPU).pinned_memory(true));
+    host.copy_(tensor);
+    pairs_.emplace_back(tensor, host);
+    return host;
+  }
+  // Writes every staged host tensor back to its device tensor.
+  void copy_back() {
+    for (auto& [device, host] : pairs_) {
+      device.copy_(host);
+    }
+  }
+
+ private:
+  std::vector<std::pair<at::Tensor, at::Tensor>> pairs_;
+};
+
+// Note [Gloo and CUDA streams]
+// A caller may still have kernels queued that write a CUDA tensor when it
+// issues a collective, on any stream, including the non-blocking streams of
+// LibTorch's pool that do not synchronise with the default stream. So at
+// enqueue, on the caller's thread, `StreamFence::record` records an event on
+// the current stream of every device that the task's tensors live on, and
+// the worker makes its own current stream wait for those events (`wait`)
+// before its first staging copy. The copies back to the device are
+// synchronous (pinned host to device, then the stream is synchronised), and
+// the Work completes only after them, so a caller that waits on the Work
+// before its next use of the tensors sees the result from any stream.
+class StreamFence {
+ public:
+  // Runs on the caller's thread.
+  static StreamFence record(const std::vector<at::Tensor>& tensors) {
+    StreamFence fence;
+    for (const auto& t : tensors) {
+      if (!t.defined() || !t.is_cuda()) {
+        continue;
+      }
+      const auto device = t.device();
+      const bool seen = std::any_of(fence.events_.begin(), fence.events_.end(),
+                                    [&](const auto& e) { return e.first == device; });
+      if (seen) {
+        continue;
+      }
+      const c10::impl::VirtualGuardImpl impl(device.type());
+      auto event = std::make_unique<c10::Event>(device.type());
+      event->record(impl.getStream(device));
+      fence.events_.emplace_back(device, std::move(event));
+    }
+    return fence;
+  }
+
+  // Runs on the worker thread, before the task touches its tensors.
+  void wait() const {
+    for (const auto& [device, event] : events_) {
+      const c10::impl::VirtualGuardImpl impl(device.type());
+      event->block(impl.getStream(device));
+    }
+  }
+
+ private:
+  std::vector<std::pair<c10::Device, std::unique_ptr<c10::Event>>> events_;
+};
+
+// Gloo algorithms only need the element size, so every dtype moves as
+// unsigned words of its size: `set` gets the tensor's data as a pointer to
+// such words, and its element count.
+template <typename Set>
+void as_words(const at::Tensor& tensor, Set&& set) {
+  void* data = tensor.data_ptr();
+  const size_t count = static_cast<size_t>(tensor.numel());
+  switch (tensor.element_size()) {
+    case 1:
+      set(static_cast<uint8_t*>(data), count);
+      break;
+    case 2:
+      set(static_cast<uint16_t*>(data), count);
+      break;
+    case 4:
+      set(static_cast<uint32_t*>(data), count);
+      break;
+    default:
+      set(static_cast<uint64_t*>(data), count);
+      break;
+  }
+}
+
+template <typename Options>
+void set_output(Options& options, const at::Tensor& tensor) {
+  as_words(tensor, [&options](auto* data, size_t count) { options.setOutput(data, count); });
+}
+
+template <typename Options>
+void set_input(Options& options, const at::Tensor& tensor) {
+  as_words(tensor, [&options](auto* data, size_t count) { options.setInput(data, count); });
+}
+
+} // namespace
+
+// Everything that touches Gloo. See the narrative at the top of the file.
+//
+// Thread-safety: `enqueue` may be called from any thread; the worker thread
+// alone runs tasks and touches `context_` for collectives.
+class DDP_GLOO_HIDDEN ProcessGroupGloo::Impl {
+ public:
+  struct Task {
+    std::shared_ptr<Work> work;
+    std::chrono::milliseconds timeout;
+    std::function<std::vector<at::Tensor>(uint32_t tag, std::chrono::milliseconds timeout)> run;
+    uint64_t seq;
+    StreamFence fence; // See Note [Gloo and CUDA streams]
+    // See Note [Two Gloo tasks at once].
+    std::vector<const void*> storages;
+    bool exclusive = false;
+  };
+
+  Impl(ProcessGroupGloo& group, std::shared_ptr<Store> store,
+       const ProcessGroupGlooOptions& options)
+      : group_(group), store_(std::move(store)) {
+    connect(options);
+    for (int i = 0; i < kWorkerThreads; ++i) {
+      workers_.emplace_back([this] { run_worker(); });
+    }
+  }
+
+  ~Impl() {
+    {
+      std::lock_guard<std::mutex> lock(mutex_);
+      stop_ = true;
+    }
+    queue_cv_.notify_all();
+    for (auto& worker : workers_) {
+      worker.join();
+    }
+  }
+
+  std::string who() const {
+    return group_.rank_prefix();
+  }
+
+  // Queues `run` as the next collective; returns its Work.
+  std::shared_ptr<Work> enqueue(
+      const char* op_name,
+      std::chrono::milliseconds timeout,
+      std::vector<at::Tensor> keep,
+      std::function<std::vector<at::Tensor>(uint32_t, std::chrono::milliseconds)> run) {
+    std::lock_guard<std::mutex> lock(mutex_);
+    DDP_CHECK(!stop_, who(), " ", op_name, ": the process group is being destroyed");
+    const uint64_t seq = next_seq_++;
+    auto work = Work::create(c10::str(who(), " ", op_name, " #", seq), timeout);
+    Task task{work, timeout, std::move(run), seq, StreamFence::record(keep), {}, false};
+    for (const auto& t : keep) {
+      if (t.defined() && t.has_storage()) {
+        task.storages.push_back(t.storage().unsafeGetStorageImpl());
+      }
+    }
+    task.exclusive = keep.empty(); // a barrier
+    work->keep_alive(std::move(keep));
+    queue_.push_back(std::move(task));
+    queue_cv_.notify_one();
+    return work;
+  }
+
+  // Queues a Gloo algorithm that reads all of `input` and writes all of
+  // `output` (allgather into one tensor, alltoall).
+  // `algorithm` is the Gloo function (its options are const in some Gloo
+  // versions and not in others).
+  template <typename GlooOptions, typename Algorithm>
+  std::shared_ptr<Work> enqueue_input_output(const char* op_name, std::chrono::milliseconds timeout,
+                                             const at::Tensor& output, const at::Tensor& input,
+                                             Algorithm algorithm) {
+    auto context = context_;
+    return enqueue(op_name, timeout, {output, input},
+                   [output, input, context, algorithm](uint32_t tag, std::chrono::milliseconds timeout) {
+                     Staging staging;
+                     auto host_input = staging.in(input);
+                     auto host_output = staging.in(output);
+                     if (input.numel() > 0) {
+                       GlooOptions o(context);
+                       set_input(o, host_input);
+                       set_output(o, host_output);
+                       o.setTag(tag);
+                       o.setTimeout(timeout);
+                       algorithm(o);
+                     }
+                     staging.copy_back();
+                     return std::vector<at::Tensor>{output};
+                   });
+  }
+
+  std::shared_ptr<gloo::Context> context() const {
+    return context_;
+  }
+
+  // Posts a send or receive at once; see PointToPointWork.
+  std::shared_ptr<Work> start_point_to_point(bool is_send, const at::Tensor& tensor, int peer,
+                                             const PointToPointOptions& options,
+                                             std::chrono::milliseconds timeout,
+                                             const std::string& who);
+
+  std::shared_ptr<Store> store() const {
+    return store_;
+  }
+
+ private:
+  void connect(const ProcessGroupGlooOptions& options) {
+    // Groups are numbered per (name, rank) in creation order, the same on
+    // every rank, so that a group created again with the same name and store
+    // does not meet the keys of its predecessor. The rank is part of the key
+    // because tests run several ranks as threads of one process.
+    static std::mutex generation_mutex;
+    static std::map<std::pair<std::string, int>, int> generations;
+    int generation;
+    {
+      std::lock_guard<std::mutex> lock(generation_mutex);
+      generation = generations[{options.group_name(), group_.rank()}]++;
+    }
+    const std::string prefix =
+        c10::str("ddp/", options.group_name(), "/", generation, "/");
+    const auto timeout = group_.timeout();
+    internal::wait_for_all_ranks(*store_, prefix, group_.rank(), group_.size(), timeout, who());
+
+    const auto choice = internal::choose_device(options.interface(), options.hostname(),
+                                                options.master_addr(), group_.size());
+    auto device = internal::make_gloo_device(choice, who());
+    auto context = std::make_shared<gloo::rendezvous::Context>(group_.rank(), group_.size());
+    context->setTimeout(timeout);
+    internal::GlooStoreAdapter adapter(store_, prefix + "gloo/", timeout);
+    try {
+      context->connectFullMesh(adapter, device);
+    } catch (const CommError&) {
+      throw;
+    } catch (const std::exception& e) {
+      throw IoError(c10::str(who(), " init_process_group: Gloo could not connect to the other ranks (bound to ",
+                             choice.interface.empty() ? choice.hostname : choice.interface,
+                             ", chosen from ", choice.reason, "): ", e.what()));
+    }
+    context_ = std::move(context);
+    // Nobody leaves rendezvous before everyone is connected: a rank that
+    // destroyed its group at once would otherwise close connections a slower
+    // peer is still setting up (PyTorch's store-based barrier does the same).
+    store_->set(c10::str(prefix, "connected/", group_.rank()), "1");
+    std::vector<std::string> connected;
+    for (int r = 0; r < group_.size(); ++r) {
+      connected.push_back(c10::str(prefix, "connected/", r));
+    }
+    store_->wait(connected, timeout);
+  }
+
+  void run_worker() {
+    for (;;) {
+      Task task;
+      {
+        std::unique_lock<std::mutex> lock(mutex_);
+        // Tasks start in queue order, whichever worker runs them; see
+        // can_start_locked for when two run at once.
+        queue_cv_.wait(lock, [this] {
+          return (stop_ && queue_.empty()) || (!queue_.empty() && can_start_locked(queue_.front()));
+        });
+        if (queue_.empty()) {
+          return; // stop_ and nothing left to finish
+        }
+        task = std::move(queue_.front());
+        queue_.pop_front();
+        ++running_;
+        running_exclusive_ = running_exclusive_ || task.exclusive;
+        running_storages_.insert(running_storages_.end(), task.storages.begin(), task.storages.end());
+      }
+      run_task(task);
+      {
+        std::lock_guard<std::mutex> lock(mutex_);
+        --running_;
+        if (task.exclusive) {
+          running_exclusive_ = false;
+        }
+        for (const void* storage : task.storages) {
+          running_storages_.erase(std::find(running_storages_.begin(), running_storages_.end(), storage));
+        }
+      }
+      queue_cv_.notify_all(); // the next task may wait for this one
+    }
+  }
+
+  // Note [Two Gloo tasks at once]
+  // A task starts while another runs only when neither is exclusive (a
+  // barrier, which must follow everything issued before it) and they share
+  // no tensor storage: then their order cannot be observed, and the staging
+  // copies of one CUDA task (device to host, host to device) overlap the
+  // other's network transfer, as DDP's gradient buckets need. Tags keep the
+  // two tasks' messages apart. At most kWorkerThreads run at once.
+  bool can_start_locked(const Task& next) const {
+    if (running_ == 0) {
+      return true;
+    }
+    if (running_ >= kWorkerThreads || running_exclusive_ || next.exclusive) {
+      return false;
+    }
+    for (const void* storage : next.storages) {
+      if (std::find(running_storages_.begin(), running_storages_.end(), storage) != running_storages_.end()) {
+        return false;
+      }
+    }
+    return true;
+  }
+
+  void run_task(Task& task) {
+    std::string broken_message;
+    {
+      std::lock_guard<std::mutex> lock(mutex_);
+      broken_message = broken_message_;
+    }
+    if (!broken_message.empty()) {
+      task.work->set_error(std::make_exception_ptr(CommError(c10::str(
+          task.work->name(), ": not run, because the process group failed earlier and is unusable: ",
+          broken_message, ". Destroy the group and start a new one."))));
+      return;
+    }
+    std::exception_ptr error;
+    try {
+      task.fence.wait();
+      auto outputs = task.run(static_cast<uint32_t>(task.seq), task.timeout);
+      task.work->set_result(std::move(outputs));
+      return;
+    } catch (const gloo::IoException& e) {
+      error = convert_io_error(task, e.what());
+    } catch (const CommError& e) {
+      error = std::current_exception();
+      mark_broken(e.what());
+    } catch (const c10::Error&) {
+      error = std::current_exception(); // misuse caught late; the group stays usable
+    } catch (const std::exception& e) {
+      error = convert_io_error(task, e.what());
+    }
+    task.work->set_error(error);
+  }
+
+  std::exception_ptr convert_io_error(const Task& task, const std::string& what) {
+    std::exception_ptr error;
+    if (what.find("imed out") != std::string::npos) {
+      error = std::make_exception_ptr(TimeoutError(c10::str(
+          task.work->name(), ": timed out after ", task.timeout.count(),
+          " ms waiting for a peer (a rank may be stuck, dead, or issuing collectives in a "
+          "different order). Gloo said: ", what)));
+    } else {
+      // With two ranks the failed peer can only be the other one; with more,
+      // Gloo names only a socket address.
+      const int peer = group_.size() == 2 ? 1 - group_.rank() : -1;
+      error = std::make_exception_ptr(RemoteError(
+          c10::str(task.work->name(), ": lost connection to ",
+                   peer >= 0 ? c10::str("rank ", peer) : std::string("a peer"),
+                   " (this is rank ", group_.rank(), "); the peer probably exited or crashed. Gloo said: ",
+                   what),
+          peer));
+    }
+    try {
+      std::rethrow_exception(error);
+    } catch (const std::exception& e) {
+      mark_broken(e.what());
+    }
+    return error;
+  }
+
+  void mark_broken(const std::string& message) {
+    std::lock_guard<std::mutex> lock(mutex_);
+    if (broken_message_.empty()) {
+      broken_message_ = message.empty() ? std::string("an earlier collective failed") : message;
+    }
+  }
+
+  ProcessGroupGloo& group_; // owns this Impl, so outlives it
+  std::shared_ptr<Store> store_;
+  std::shared_ptr<gloo::Context> context_;
+
+  std::mutex mutex_;
+  std::condition_variable queue_cv_;
+  std::deque<Task> queue_; // guarded by mutex_
+  uint64_t next_seq_ = 0; // guarded by mutex_
+  bool stop_ = false; // guarded by mutex_
+  // Two workers: with a single worker, a worker preempted while holding a
+  // Gloo pair's lock makes Gloo's event loop spin until the next scheduler
+  // tick (about 4 ms per small collective when ranks share cores);
+  // torch.distributed's Gloo group runs two workers by default for the same
+  // reason. They also let two independent tasks overlap; see Note [Two Gloo
+  // tasks at once].
+  static constexpr int kWorkerThreads = 2;
+  int running_ = 0; // guarded by mutex_
+  bool running_exclusive_ = false; // guarded by mutex_
+  std::vector<const void*> running_storages_; // guarded by mutex_
+  std::vector<std::thread> workers_;
+
+  // The first failure's message; empty while the group is healthy.
+  std::string broken_message_; // guarded by mutex_
+};
+
+namespace {
+
+// send/recv complete when waited on: Gloo's unbound buffers post the
+// transfer at once and report completion through waitSend/waitRecv.
+class PointToPointWork : public Work {
+ public:
+  PointToPointWork(std::string name, std::chrono::milliseconds default_timeout, bool is_send,
+                   at::Tensor tensor, at::Tensor host,
+                   std::unique_ptr<gloo::transport::UnboundBuffer> buffer)
+      : Work(std::move(name), default_timeout),
+        default_timeout_(default_timeout),
+        is_send_(is_send),
+        tensor_(std::move(tensor)),
+        host_(std::move(host)),
+        buffer_(std::move(buffer)) {}
+
+  ~PointToPointWork() override {
+    std::lock_guard<std::mutex> lock(transfer_mutex_);
+    if (!is_completed() && buffer_) {
+      // Nobody waited: cancel so that Gloo no longer writes into the tensor.
+      if (is_send_) {
+        buffer_->abortWaitSend();
+      } else {
+        buffer_->abortWaitRecv();
+      }
+    }
+  }
+
+  void wait(std::chrono::milliseconds timeout) override {
+    if (timeout == kUseGroupTimeout) {
+      timeout = default_timeout_;
+    }
+    {
+      std::lock_guard<std::mutex> lock(transfer_mutex_);
+      if (!is_completed()) {
+        try {
+          const bool done = is_send_ ? buffer_->waitSend(timeout) : buffer_->waitRecv(timeout);
+          if (!done) {
+            throw CommError(c10::str(name(), ": the transfer was aborted"));
+          }
+          if (!is_send_ && host_.data_ptr() != tensor_.data_ptr()) {
+            tensor_.copy_(host_);
+          }
+          set_result({tensor_});
+        } catch (const gloo::IoException& e) {
+          const std::string what = e.what();
+          if (what.find("imed out") != std::string::npos) {
+            set_error(std::make_exception_ptr(TimeoutError(
+                c10::str(name(), ": timed out after ", timeout.count(), " ms. Gloo said: ", what))));
+          } else {
+            set_error(std::make_exception_ptr(
+                RemoteError(c10::str(name(), ": lost connection to the peer. Gloo said: ", what), -1)));
+          }
+        } catch (...) {
+          set_error(std::current_exception());
+        }
+      }
+    }
+    Work::wait(timeout);
+  }
+
+ private:
+  const std::chrono::milliseconds default_timeout_;
+  const bool is_send_;
+  at::Tensor tensor_;
+  at::Tensor host_;
+  std::mutex transfer_mutex_;
+  std::unique_ptr<gloo::transport::UnboundBuffer> buffer_; // guarded by transfer_mutex_
+};
+
+} // namespace
+
+// ---- Construction ------------------------------------------------------------
+
+std::shared_ptr<ProcessGroupGloo> ProcessGroupGloo::create(
+    std::shared_ptr<Store> store, int rank, int size, const ProcessGroupGlooOptions& options) {
+  return std::make_shared<ProcessGroupGloo>(PrivateTag{}, std::move(store), rank, size, options);
+}
+
+ProcessGroupGloo::ProcessGroupGloo(PrivateTag, std::shared_ptr<Store> store, int rank, int size,
+                                   const ProcessGroupGlooOptions& options)
+    : ProcessGroup(rank, size, options.timeout()) {
+  DDP_CHECK(store != nullptr, rank_prefix(), " ProcessGroupGloo: the store is null");
+  impl_ = std::make_unique<Impl>(*this, std::move(store), options);
+}
+
+ProcessGroupGloo::~ProcessGroupGloo() = default;
+
+// ---- Argument checks -----------------------------------------------------------
+
+namespace {
+
+// Checks one tensor argument; `who` is "[rank R/W] op", `what` names the
+// argument ("tensor", "outputs[2]").
+void check_tensor(const at::Tensor& t, const std::string& who, const std::string& what) {
+  DDP_CHECK(t.defined(), who, ": ", what, " is an undefined tensor");
+  DDP_CHECK(t.is_contiguous(), who, ": ", what, " must be contiguous (got sizes ", t.sizes(),
+            " with strides ", t.strides(), "); pass tensor.contiguous() and copy the result back");
+  DDP_CHECK(t.is_cpu() || t.is_cuda(), who, ": ", what, " is on device ", t.device(),
+            "; the Gloo backend takes CPU or CUDA tensors");
+  DDP_CHECK(internal::is_supported_dtype(t.scalar_type()), who, ": ", what, " has dtype ",
+            t.scalar_type(), ", which the Gloo backend does not support");
+  DDP_CHECK(!t.is_sparse(), who, ": ", what, " is sparse; only dense tensors are supported");
+}
+
+// Gloo's rules for the checks of collective_checks.h: CPU or CUDA tensors,
+// which may differ in device within an operation (CUDA ones are staged).
+constexpr internal::TensorRules kGlooRules{&check_tensor};
+
+internal::ReduceKernel checked_kernel(at::ScalarType dtype, ReduceOp op, const std::string& who) {
+  auto kernel = internal::reduce_kernel(dtype, op);
+  DDP_CHECK(kernel != nullptr, who, ": ", to_string(op), " is not defined for dtype ", dtype,
+            op == ReduceOp::kAvg ? "; AVG needs a floating-point tensor (use SUM and divide)"
+                                 : "; bitwise operations need an integer or bool tensor");
+  return kernel;
+}
+
+} // namespace
+
+// ---- Collectives -----------------------------------------------------------------
+
+std::shared_ptr<Work> ProcessGroupGloo::allreduce(const at::Tensor& tensor,
+                                                  const AllreduceOptions& options) {
+  return allreduce_coalesced({tensor}, options);
+}
+
+std::shared_ptr<Work> ProcessGroupGloo::allreduce_coalesced(
+    const std::vector<at::Tensor>& tensors, const AllreduceOptions& options) {
+  const std::string who = rank_prefix() + " allreduce";
+  internal::check_coalesced(tensors, who, kGlooRules);
+  auto kernel = checked_kernel(tensors[0].scalar_type(), options.op, who);
+  const ReduceOp op = options.op;
+  const int size = this->size();
+  auto context = impl_->context();
+  return impl_->enqueue(
+      "allreduce", resolve_timeout(options.timeout), tensors,
+      [tensors, kernel, op, size, context](uint32_t tag, std::chrono::milliseconds timeout) {
+        Staging staging;
+        // One tensor is reduced in place; several are packed into one buffer
+        // so that they cost one collective.
+        at::Tensor flat;
+        if (tensors.size() == 1) {
+          flat = staging.in(tensors[0]);
+        } else {
+          std::vector<at::Tensor> views;
+          for (const auto& t : tensors) {
+            views.push_back(t.reshape({-1}));
+          }
+          flat = staging.in(at::cat(views));
+        }
+        if (flat.numel() > 0) {
+          gloo::AllreduceOptions o(context);
+          set_output(o, flat);
+          o.setReduceFunction(kernel);
+          o.setTag(tag);
+          o.setTimeout(timeout);
+          gloo::allreduce(o);
+          if (op == ReduceOp::kAvg) {
+            flat.div_(size);
+          }
+        }
+        if (tensors.size() == 1) {
+          staging.copy_back();
+        } else {
+          int64_t offset = 0;
+          for (const auto& t : tensors) {
+            t.view({-1}).copy_(flat.narrow(0, offset, t.numel()));
+            offset += t.numel();
+          }
+        }
+        return tensors;
+      });
+}
+
+std::shared_ptr<Work> ProcessGroupGloo::broadcast(const at::Tensor& tensor,
+                                                  const BroadcastOptions& options) {
+  const std::string who = rank_prefix() + " broadcast";
+  internal::check_rooted(tensor, options.root_rank, size(), who, kGlooRules);
+  const int root = options.root_rank;
+  auto context = impl_->context();
+  return impl_->enqueue(
+      "broadcast", resolve_timeout(options.timeout), {tensor},
+      [tensor, root, context](uint32_t tag, std::chrono::milliseconds timeout) {
+        Staging staging;
+        auto host = staging.in(tensor);
+        if (host.numel() > 0) {
+          gloo::BroadcastOptions o(context);
+          set_output(o, host);
+          o.setRoot(root);
+          o.setTag(tag);
+          o.setTimeout(timeout);
+          gloo::broadcast(o);
+        }
+        staging.copy_back();
+        return std::vector<at::Tensor>{tensor};
+      });
+}
+
+std::shared_ptr<Work> ProcessGroupGloo::reduce(const at::Tensor& tensor,
+                                               const ReduceOptions& options) {
+  const std::string who = rank_prefix() + " reduce";
+  internal::check_rooted(tensor, options.root_rank, size(), who, kGlooRules);
+  auto kernel = checked_kernel(tensor.scalar_type(), options.op, who);
+  const int root = options.root_rank;
+  const ReduceOp op = options.op;
+  const int size = this->size();
+  const int rank = this->rank();
+  auto context = impl_->context();
+  return impl_->enqueue(
+      "reduce", resolve_timeout(options.timeout), {tensor},
+      [tensor, kernel, root, op, size, rank, context](uint32_t tag, std::chrono::milliseconds timeout) {
+        Staging staging;
+        auto host = staging.in(tensor);
+        if (host.numel() > 0) {
+          gloo::ReduceOptions o(context);
+          set_output(o, host);
+          o.setRoot(root);
+          o.setReduceFunction(kernel);
+          o.setTag(tag);
+          o.setTimeout(timeout);
+          gloo::reduce(o);
+          if (op == ReduceOp::kAvg && rank == root) {
+            host.div_(size);
+          }
+        }
+        staging.copy_back();
+        return std::vector<at::Tensor>{tensor};
+      });
+}
+
+std::shared_ptr<Work> ProcessGroupGloo::allgather(const std::vector<at::Tensor>& outputs,
+                                                  const at::Tensor& input,
+                                                  const AllgatherOptions& options) {
+  const std::string who = rank_prefix() + " allgather";
+  internal::check_allgather(outputs, input, size(), who, kGlooRules);
+  auto context = impl_->context();
+  std::vector<at::Tensor> keep(outputs);
+  keep.push_back(input);
+  return impl_->enqueue(
+      "allgather", resolve_timeout(options.timeout), keep,
+      [outputs, input, context](uint32_t tag, std::chrono::milliseconds timeout) {
+        Staging staging;
+        auto host_input = staging.in(input);
+        auto flat = at::empty({static_cast<int64_t>(outputs.size()) * input.numel()},
+                              host_input.options());
+        if (input.numel() > 0) {
+          gloo::AllgatherOptions o(context);
+          set_input(o, host_input);
+          set_output(o, flat);
+          o.setTag(tag);
+          o.setTimeout(timeout);
+          gloo::allgather(o);
+        }
+        for (size_t r = 0; r < outputs.size(); ++r) {
+          outputs[r].view({-1}).copy_(flat.narrow(0, r * input.numel(), input.numel()));
+        }
+        return outputs;
+      });
+}
+
+std::shared_ptr<Work> ProcessGroupGloo::allgather_into_tensor(const at::Tensor& output,
+                                                              const at::Tensor& input,
+                                                              const AllgatherOptions& options) {
+  const std::string who = rank_prefix() + " allgather_into_tensor";
+  internal::check_allgather_into_tensor(output, input, size(), who, kGlooRules);
+  return impl_->enqueue_input_output<gloo::AllgatherOptions>(
+      "allgather_into_tensor", resolve_timeout(options.timeout), output, input, &gloo::allgather);
+}
+
+std::shared_ptr<Work> ProcessGroupGloo::gather(const std::vector<at::Tensor>& outputs,
+                                               const at::Tensor& input,
+                                               const GatherOptions& options) {
+  const std::string who = rank_prefix() + " gather";
+  internal::check_gather(outputs, input, rank(), options.root_rank, size(), who, kGlooRules);
+  const bool is_root = rank() == options.root_rank;
+  const int root = options.root_rank;
+  const int size = this->size();
+  auto context = impl_->context();
+  std::vector<at::Tensor> keep(outputs);
+  keep.push_back(input);
+  return impl_->enqueue(
+      "gather", resolve_timeout(options.timeout), keep,
+      [outputs, input, root, size, is_root, context](uint32_t tag, std::chrono::milliseconds timeout) {
+        Staging staging;
+        auto host_input = staging.in(input);
+        at::Tensor flat;
+        if (input.numel() > 0) {
+          gloo::GatherOptions o(context);
+          set_input(o, host_input);
+          if (is_root) {
+            flat = at::empty({size * input.numel()}, host_input.options());
+            set_output(o, flat);
+          }
+          o.setRoot(root);
+          o.setTag(tag);
+          o.setTimeout(timeout);
+          gloo::gather(o);
+          if (is_root) {
+            for (size_t r = 0; r < outputs.size(); ++r) {
+              outputs[r].view({-1}).copy_(flat.narrow(0, r * input.numel(), input.numel()));
+            }
+          }
+        }
+        return outputs;
+      });
+}
+
+std::shared_ptr<Work> ProcessGroupGloo::scatter(const at::Tensor& output,
+                                                const std::vector<at::Tensor>& inputs,
+                                                const ScatterOptions& options) {
+  const std::string who = rank_prefix() + " scatter";
+  internal::check_scatter(output, inputs, rank(), options.root_rank, size(), who, kGlooRules);
+  const bool is_root = rank() == options.root_rank;
+  const int root = options.root_rank;
+  auto context = impl_->context();
+  std::vector<at::Tensor> keep(inputs);
+  keep.push_back(output);
+  return impl_->enqueue(
+      "scatter", resolve_timeout(options.timeout), keep,
+      [output, inputs, root, is_root, context](uint32_t tag, std::chrono::milliseconds timeout) {
+        Staging staging;
+        auto host_output = staging.in(output);
+        if (output.numel() > 0) {
+          gloo::ScatterOptions o(context);
+          std::vector<at::Tensor> host_inputs;
+          if (is_root) {
+            std::vector<uint8_t*> pointers;
+            for (const auto& t : inputs) {
+              host_inputs.push_back(staging.in(t));
+              pointers.push_back(static_cast<uint8_t*>(host_inputs.back().data_ptr()));
+            }
+            o.setInputs<uint8_t>(pointers, static_cast<size_t>(output.nbytes()));
+          }
+          o.setOutput<uint8_t>(static_cast<uint8_t*>(host_output.data_ptr()),
+                               static_cast<size_t>(output.nbytes()));
+          o.setRoot(root);
+          o.setTag(tag);
+          o.setTimeout(timeout);
+          gloo::scatter(o);
+        }
+        staging.copy_back();
+        return std::vector<at::Tensor>{output};
+      });
+}
+
+std::shared_ptr<Work> ProcessGroupGloo::reduce_scatter(const at::Tensor& output,
+                                                       const std::vector<at::Tensor>& inputs,
+                                                       const ReduceScatterOptions& options) {
+  const std::string who = rank_prefix() + " reduce_scatter";
+  internal::check_reduce_scatter(output, inputs, size(), who, kGlooRules);
+  auto kernel = checked_kernel(output.scalar_type(), options.op, who);
+  const ReduceOp op = options.op;
+  const int size = this->size();
+  const int rank = this->rank();
+  auto context = impl_->context();
+  std::vector<at::Tensor> keep(inputs);
+  keep.push_back(output);
+  // Gloo has no typed reduce-scatter for every dtype: we allreduce the packed
+  // inputs and keep our chunk. That moves twice the minimum bytes; NCCL has a
+  // native one.
+  return impl_->enqueue(
+      "reduce_scatter", resolve_timeout(options.timeout), keep,
+      [output, inputs, kernel, op, size, rank, context](uint32_t tag, std::chrono::milliseconds timeout) {
+        std::vector<at::Tensor> views;
+        for (const auto& t : inputs) {
+          views.push_back(t.reshape({-1}).cpu());
+        }
+        auto flat = at::cat(views);
+        if (flat.numel() > 0) {
+          gloo::AllreduceOptions o(context);
+          set_output(o, flat);
+          o.setReduceFunction(kernel);
+          o.setTag(tag);
+          o.setTimeout(timeout);
+          gloo::allreduce(o);
+          if (op == ReduceOp::kAvg) {
+            flat.div_(size);
+          }
+        }
+        output.view({-1}).copy_(flat.narrow(0, rank * output.numel(), output.numel()));
+        return std::vector<at::Tensor>{output};
+      });
+}
+
+std::shared_ptr<Work> ProcessGroupGloo::alltoall(const at::Tensor& output, const at::Tensor& input,
+                                                 const AlltoallOptions& options) {
+  const std::string who = rank_prefix() + " alltoall";
+  internal::check_alltoall(output, input, size(), who, kGlooRules);
+  return impl_->enqueue_input_output<gloo::AlltoallOptions>(
+      "alltoall", resolve_timeout(options.timeout), output, input, &gloo::alltoall);
+}
+
+std::shared_ptr<Work> ProcessGroupGloo::barrier(const BarrierOptions& options) {
+  auto context = impl_->context();
+  return impl_->enqueue(
+      "barrier", resolve_timeout(options.timeout), {},
+      [context](uint32_t tag, std::chrono::milliseconds timeout) {
+        gloo::BarrierOptions o(context);
+        o.setTag(tag);
+        o.setTimeout(timeout);
+        gloo::barrier(o);
+        return std::vector<at::Tensor>{};
+      });
+}
+
+// ---- Point to point ----------------------------------------------------------------
+
+std::shared_ptr<Work> ProcessGroupGloo::send(const at::Tensor& tensor, int dst_rank,
+                                             const PointToPointOptions& options) {
+  const std::string who = rank_prefix() + " send";
+  internal::check_point_to_point(tensor, dst_rank, options.tag, rank(), size(), who, "destination",
+                                 kGlooRules);
+  return impl_->start_point_to_point(true, tensor, dst_rank, options,
+                              resolve_timeout(options.timeout), c10::str(who, " to rank ", dst_rank,
+                                                                         " tag ", options.tag));
+}
+
+std::shared_ptr<Work> ProcessGroupGloo::recv(const at::Tensor& tensor, int src_rank,
+                                             const PointToPointOptions& options) {
+  const std::string who = rank_prefix() + " recv";
+  internal::check_point_to_point(tensor, src_rank, options.tag, rank(), size(), who, "source",
+                                 kGlooRules);
+  return impl_->start_point_to_point(false, tensor, src_rank, options,
+                              resolve_timeout(options.timeout), c10::str(who, " from rank ", src_rank,
+                                                                         " tag ", options.tag));
+}
+
+std::shared_ptr<Work> ProcessGroupGloo::Impl::start_point_to_point(bool is_send,
+                                           const at::Tensor& tensor, int peer,
+                                           const PointToPointOptions& options,
+                                           std::chrono::milliseconds timeout, const std::string& who) {
+  at::Tensor host = tensor;
+  if (tensor.is_cuda()) {
+    host = at::empty(tensor.sizes(), tensor.options().device(at::kCPU).pinned_memory(true));
+    if (is_send) {
+      host.copy_(tensor);
+    }
+  }
+  auto buffer = context_->createUnboundBuffer(host.data_ptr(), host.nbytes());
+  const uint64_t slot = gloo::Slot::build(kPointToPointSlotPrefix, static_cast<uint32_t>(options.tag));
+  if (is_send) {
+    buffer->send(peer, slot);
+  } else {
+    buffer->recv(peer, slot);
+  }
+  return std::make_shared<PointToPointWork>(who, timeout, is_send, tensor, host, std::move(buffer));
+}
+
+} // namespace ddp

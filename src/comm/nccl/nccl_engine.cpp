@@ -1,0 +1,604 @@
+// The engine of the NCCL backend. See the narrative in nccl_engine.h.
+
+#include "comm/nccl/nccl_engine.h"
+
+#include <c10/cuda/CUDACachingAllocator.h>
+#include <c10/cuda/CUDAFunctions.h>
+#include <c10/cuda/CUDAGuard.h>
+
+#include <algorithm>
+#include <cerrno>
+#include <cstdlib>
+#include <cstring>
+#include <map>
+#include <utility>
+
+#include <ddp/comm/error.h>
+
+#include "comm/gloo/gloo_rendezvous.h"
+#include "internal/check.h"
+#include "internal/env.h"
+#include "internal/logging.h"
+
+namespace ddp::internal {
+
+namespace {
+
+// How often the watchdog polls end events while operations are pending: the
+// latency with which it completes a Work nobody waits on (and so runs its
+// `then` callbacks). Cheap: one cudaEventQuery per pending operation.
+constexpr std::chrono::microseconds kBusyPoll{500};
+
+// The longest the destructor waits for ncclCommFinalize before aborting.
+constexpr std::chrono::milliseconds kFinalizeTimeout = std::chrono::seconds(60);
+
+// The text of an exception, without c10's backtrace.
+std::string error_text(const std::exception_ptr& error) {
+  try {
+    std::rethrow_exception(error);
+  } catch (const c10::Error& e) {
+    return e.what_without_backtrace();
+  } catch (const std::exception& e) {
+    return e.what();
+  } catch (...) {
+    return "unknown error";
+  }
+}
+
+// `failure` followed by what to do about it, unless it says so already.
+std::string with_advice(const std::string& failure) {
+  constexpr const char* kAdvice = "destroy it and create a new one";
+  if (failure.find(kAdvice) != std::string::npos) {
+    return failure;
+  }
+  return c10::str(failure, " The group is unusable: ", kAdvice, ".");
+}
+
+std::exception_ptr aborted_error(const std::string& name, const std::string& failure) {
+  return std::make_exception_ptr(CommError(
+      c10::str(name, ": aborted, because the process group failed: ", with_advice(failure))));
+}
+
+// "ddp/<group>/nccl/<generation>/": groups are numbered per (name, rank) in
+// creation order, the same on every rank, so that a group created again
+// with the same name and store does not meet its predecessor's keys. The
+// rank is part of the key because tests run ranks as threads of one process.
+std::string group_prefix(const std::string& group_name, int rank) {
+  static std::mutex mutex;
+  static std::map<std::pair<std::string, int>, int> generations; // guarded by mutex
+  std::lock_guard<std::mutex> lock(mutex);
+  const int generation = generations[{group_name, rank}]++;
+  return c10::str("ddp/", group_name, "/nccl/", generation, "/");
+}
+
+std::chrono::milliseconds remaining(std::chrono::steady_clock::time_point deadline) {
+  const auto left = std::chrono::duration_cast<std::chrono::milliseconds>(
+      deadline - std::chrono::steady_clock::now());
+  return std::max(left, std::chrono::milliseconds(1));
+}
+
+} // namespace
+
+// ---- NcclFailure -------------------------------------------------------------------
+
+bool NcclFailure::record(std::exception_ptr error, std::string message) {
+  std::lock_guard<std::mutex> lock(mutex_);
+  if (error_) {
+    return false;
+  }
+  error_ = std::move(error);
+  message_ = std::move(message);
+  return true;
+}
+
+std::optional<std::string> NcclFailure::message() const {
+  std::lock_guard<std::mutex> lock(mutex_);
+  if (!error_) {
+    return std::nullopt;
+  }
+  return message_;
+}
+
+// ---- NcclWork ------------------------------------------------------------------------
+
+NcclWork::NcclWork(std::string name, NcclOp& op, int device, c10::cuda::CUDAStream issuing_stream,
+                   std::shared_ptr<NcclFailure> failure)
+    : Work(std::move(name), op.timeout),
+      timeout_(op.timeout),
+      deadline_(std::chrono::steady_clock::now() + op.timeout),
+      device_(device),
+      issuing_stream_(issuing_stream),
+      failure_(std::move(failure)),
+      outputs_(std::move(op.outputs)),
+      blocking_wait_(op.blocking_wait) {}
+
+bool NcclWork::claim() {
+  std::lock_guard<std::mutex> lock(claim_mutex_);
+  if (claimed_) {
+    return false;
+  }
+  claimed_ = true;
+  return true;
+}
+
+void NcclWork::finish() {
+  if (!claim()) {
+    return;
+  }
+  // See Note [NCCL failure]: an aborted operation's event completes too.
+  if (auto failure = failure_->message()) {
+    set_error(aborted_error(name(), *failure));
+    return;
+  }
+  set_result(outputs_);
+}
+
+void NcclWork::fail(std::exception_ptr error) {
+  if (claim()) {
+    set_error(std::move(error));
+  }
+}
+
+void NcclWork::wait(std::chrono::milliseconds timeout) {
+  if (timeout == kUseGroupTimeout && !blocking_wait_) {
+    if (!is_completed()) {
+      if (!failure_->message()) {
+        c10::cuda::CUDAGuard guard(static_cast<c10::DeviceIndex>(device_));
+        end_event_.block(
+            c10::cuda::getCurrentCUDAStream(static_cast<c10::DeviceIndex>(device_)).stream());
+      }
+      finish();
+    }
+    Work::wait(timeout_); // completed by now (or about to be): returns or rethrows
+    return;
+  }
+  const auto limit = timeout == kUseGroupTimeout ? timeout_ : timeout;
+  const auto deadline = std::chrono::steady_clock::now() + limit;
+  Backoff backoff;
+  while (!is_completed()) {
+    if (end_event_.query()) {
+      finish();
+      break;
+    }
+    if (std::chrono::steady_clock::now() >= deadline) {
+      throw TimeoutError(c10::str(
+          name(), ": wait timed out after ", limit.count(),
+          " ms; the operation has not completed on the GPU (a peer may be slow, stuck or dead, or "
+          "ranks issued collectives in different orders)"));
+    }
+    backoff.pause();
+  }
+  Work::wait(limit);
+}
+
+// ---- Construction and destruction ------------------------------------------------------
+
+NcclEngine::NcclEngine(std::shared_ptr<Store> store, int rank, int size, NcclEngineOptions options,
+                       std::string who)
+    : store_(std::move(store)),
+      rank_(rank),
+      size_(size),
+      options_(std::move(options)),
+      who_(std::move(who)),
+      prefix_(group_prefix(options_.group_name, rank)) {
+  if (options_.device_index >= 0) {
+    device_ = options_.device_index;
+  }
+  watchdog_ = std::thread([this] { run_watchdog(); });
+}
+
+NcclEngine::~NcclEngine() {
+  {
+    std::lock_guard<std::mutex> lock(launch_mutex_);
+    stopping_ = true;
+  }
+  {
+    std::lock_guard<std::mutex> lock(pending_mutex_);
+    stop_watchdog_ = true;
+  }
+  pending_cv_.notify_all();
+  if (watchdog_.joinable()) {
+    watchdog_.join(); // returns once every pending Work completed or failed
+  }
+  std::lock_guard<std::mutex> lock(launch_mutex_);
+  try {
+    release_communicator_locked();
+  } catch (const std::exception& e) {
+    // The CUDA runtime may already be unloading (a group destroyed at exit).
+    log_warning(c10::str(who_, " destroying the NCCL communicator: ", e.what()));
+  }
+}
+
+void NcclEngine::release_communicator_locked() {
+  if (comm_ == nullptr) {
+    return; // never created, or aborted
+  }
+  // Finalize flushes the communicator's work and frees its network
+  // resources; it is bounded, and an abort replaces it if it fails or does
+  // not finish in time.
+  const std::string what = who_ + " destroying the NCCL communicator";
+  c10::cuda::CUDAGuard guard(static_cast<c10::DeviceIndex>(device_));
+  try {
+    const auto timeout = std::min(options_.timeout, kFinalizeTimeout);
+    check_nccl(ncclCommFinalize(comm_), comm_, what + ": ncclCommFinalize");
+    wait_until_ready(comm_, std::chrono::steady_clock::now() + timeout, timeout, what);
+  } catch (const std::exception& e) {
+    log_warning(c10::str(e.what(), "; aborting the communicator instead"));
+    abort_communicator_locked();
+    return;
+  }
+  const ncclResult_t result = ncclCommDestroy(comm_);
+  comm_ = nullptr;
+  if (result != ncclSuccess) {
+    log_warning(c10::str(what, ": ncclCommDestroy failed with ", nccl_result_text(result)));
+  }
+}
+
+// ---- Devices -------------------------------------------------------------------------------
+
+int NcclEngine::device() const {
+  std::lock_guard<std::mutex> lock(launch_mutex_);
+  return device_;
+}
+
+int NcclEngine::bind_device(int requested, const std::string& who) {
+  std::lock_guard<std::mutex> lock(launch_mutex_);
+  return bind_device_locked(requested, who);
+}
+
+int NcclEngine::bind_device_locked(int requested, const std::string& who) {
+  if (device_ < 0) {
+    device_ = requested >= 0 ? requested : default_device();
+    return device_;
+  }
+  DDP_CHECK(requested < 0 || requested == device_, who, ": the tensors are on cuda:", requested,
+            ", but this process group drives cuda:", device_,
+            " (the NCCL backend drives one GPU per process; move the tensors to cuda:", device_,
+            ", or give each process its own device, e.g. from LOCAL_RANK)");
+  return device_;
+}
+
+int NcclEngine::default_device() const {
+  const int count = static_cast<int>(c10::cuda::device_count());
+  DDP_CHECK(count > 0, who_, " ProcessGroupNCCL: no CUDA device is visible to this process");
+  int base = rank_;
+  if (auto local_rank = env_get(kEnvLocalRank)) {
+    char* end = nullptr;
+    errno = 0;
+    const long value = std::strtol(local_rank->c_str(), &end, 10);
+    if (!local_rank->empty() && *end == '\0' && errno == 0 && value >= 0) {
+      base = static_cast<int>(value);
+    }
+  }
+  return base % count;
+}
+
+// ---- The communicator ----------------------------------------------------------------------
+
+void NcclEngine::ensure_communicator(const std::string& what) {
+  if (comm_ != nullptr) {
+    return;
+  }
+  const auto timeout = options_.timeout;
+  const auto deadline = std::chrono::steady_clock::now() + timeout;
+  const std::string creating = what + ": creating the NCCL communicator";
+  c10::cuda::CUDAGuard guard(static_cast<c10::DeviceIndex>(device_));
+
+  // Every rank must arrive first: a missing rank is then named, where NCCL
+  // would only time out.
+  try {
+    wait_for_all_ranks(*store_, prefix_, rank_, size_, timeout, who_);
+  } catch (const TimeoutError& e) {
+    throw TimeoutError(c10::str(creating, ": ", e.what()));
+  }
+
+  ncclUniqueId id;
+  const std::string key = prefix_ + "unique_id";
+  if (rank_ == 0) {
+    check_nccl(ncclGetUniqueId(&id), nullptr, creating + ": ncclGetUniqueId");
+    const auto* bytes = reinterpret_cast<const uint8_t*>(&id);
+    store_->set(key, std::vector<uint8_t>(bytes, bytes + sizeof(id)));
+  } else {
+    try {
+      store_->wait({key}, remaining(deadline));
+    } catch (const TimeoutError& e) {
+      throw TimeoutError(c10::str(creating, ": rank 0 did not publish the NCCL unique id in time: ",
+                                  e.what()));
+    }
+    const auto value = store_->get(key);
+    if (value.size() != sizeof(id)) {
+      throw CommError(c10::str(creating, ": the NCCL unique id from rank 0 has ", value.size(),
+                               " bytes, expected ", sizeof(id),
+                               " (do all ranks use the same NCCL version?)"));
+    }
+    std::memcpy(&id, value.data(), sizeof(id));
+  }
+
+  ncclConfig_t config = NCCL_CONFIG_INITIALIZER;
+  config.blocking = 0;
+  ncclComm_t comm = nullptr;
+  const ncclResult_t result = ncclCommInitRankConfig(&comm, size_, id, rank_, &config);
+  try {
+    check_nccl(result, comm, creating + ": ncclCommInitRankConfig");
+    wait_until_ready(comm, deadline, timeout, creating);
+  } catch (...) {
+    if (comm != nullptr) {
+      (void)ncclCommAbort(comm);
+    }
+    throw;
+  }
+  comm_ = comm;
+  stream_ = c10::cuda::getStreamFromPool(options_.high_priority_stream,
+                                         static_cast<c10::DeviceIndex>(device_));
+  ready_event_ = std::make_unique<CudaEvent>();
+}
+
+void NcclEngine::wait_until_ready(ncclComm_t comm, std::chrono::steady_clock::time_point deadline,
+                                  std::chrono::milliseconds timeout, const std::string& what) {
+  Backoff backoff;
+  for (;;) {
+    ncclResult_t state = ncclSuccess;
+    check_nccl(ncclCommGetAsyncError(comm, &state), comm, what + ": ncclCommGetAsyncError");
+    if (state == ncclSuccess) {
+      return;
+    }
+    check_nccl(state, comm, what); // throws unless still in progress
+    if (abort_requested_.load()) {
+      throw CommError(c10::str(what, ": abandoned, because the watchdog is aborting the communicator"));
+    }
+    if (std::chrono::steady_clock::now() >= deadline) {
+      throw TimeoutError(c10::str(
+          what, ": timed out after ", timeout.count(),
+          " ms waiting for NCCL (a rank may be missing, stuck, or issuing operations in a different "
+          "order; NCCL_DEBUG=INFO shows what NCCL was doing)"));
+    }
+    backoff.pause();
+  }
+}
+
+void NcclEngine::fail_group_locked(std::exception_ptr error) {
+  failure_->record(error, error_text(error));
+  abort_communicator_locked();
+  pending_cv_.notify_all(); // the watchdog fails the pending Works
+}
+
+void NcclEngine::abort_communicator_locked() noexcept {
+  if (comm_ == nullptr) {
+    return;
+  }
+  const ncclComm_t comm = comm_;
+  comm_ = nullptr;
+  // NCCL switches to the communicator's device itself; the guard only keeps
+  // this thread's current device where it was, and failing to set it (the
+  // CUDA runtime unloading at exit) must not stop the abort.
+  std::optional<c10::cuda::CUDAGuard> guard;
+  try {
+    guard.emplace(static_cast<c10::DeviceIndex>(device_));
+  } catch (...) {
+  }
+  const ncclResult_t result = ncclCommAbort(comm);
+  if (result != ncclSuccess) {
+    try {
+      log_warning(c10::str(who_, " ncclCommAbort failed with ", nccl_result_text(result)));
+    } catch (...) {
+    }
+  }
+}
+
+std::shared_ptr<Work> NcclEngine::failed_work(const std::string& name, std::chrono::milliseconds timeout,
+                                              std::exception_ptr error) {
+  auto work = Work::create(name, timeout);
+  work->set_error(std::move(error));
+  return work;
+}
+
+// ---- Launch ----------------------------------------------------------------------------------
+
+std::shared_ptr<Work> NcclEngine::launch(NcclOp op) {
+  std::unique_lock<std::mutex> lock(launch_mutex_);
+  const std::string who_op = c10::str(who_, " ", op.op_name);
+  DDP_CHECK(!stopping_, who_op, ": the process group is being destroyed");
+  bind_device_locked(op.device, who_op);
+  const std::string name =
+      op.collective ? c10::str(who_op, " #", next_seq_++)
+                    : c10::str(who_op, " ", op.peer_detail, " (point-to-point #",
+                               next_point_to_point_++, ")");
+  if (auto failure = failure_->message()) {
+    return failed_work(name, op.timeout, std::make_exception_ptr(CommError(c10::str(
+        name, ": not run, because the process group failed earlier and is unusable: ",
+        with_advice(*failure)))));
+  }
+  try {
+    ensure_communicator(name);
+    const auto device = static_cast<c10::DeviceIndex>(device_);
+    c10::cuda::CUDAGuard device_guard(device);
+    const c10::cuda::CUDAStream issuing = c10::cuda::getCurrentCUDAStream(device);
+    const c10::cuda::CUDAStream stream = *stream_;
+
+    // 1. The operation comes after everything queued on the caller's stream.
+    ready_event_->record(issuing.stream());
+    ready_event_->block(stream.stream());
+    // 2. Their memory stays reserved until the communicator's stream is past
+    //    this point, even if the caller drops them at once.
+    for (const auto& tensor : op.tensors) {
+      if (tensor.defined() && tensor.is_cuda()) {
+        c10::cuda::CUDACachingAllocator::recordStream(tensor.storage().data_ptr(), stream);
+      }
+    }
+    // 3. The NCCL calls, as one group, then any follow-up on the same stream.
+    check_nccl(ncclGroupStart(), comm_, name + ": ncclGroupStart");
+    try {
+      op.issue(comm_, stream.stream(), name);
+    } catch (...) {
+      (void)ncclGroupEnd(); // closes the group; the error above is the one to report
+      throw;
+    }
+    check_nccl(ncclGroupEnd(), comm_, name + ": ncclGroupEnd");
+    wait_until_ready(comm_, std::chrono::steady_clock::now() + op.timeout, op.timeout, name);
+    if (op.finish) {
+      c10::cuda::CUDAStreamGuard stream_guard(stream);
+      op.finish();
+    }
+    // 4. The end event, and the Work for the watchdog.
+    auto work = std::make_shared<NcclWork>(name, op, device_, issuing, failure_);
+    work->end_event().record(stream.stream());
+    work->keep_alive(std::move(op.tensors));
+    {
+      std::lock_guard<std::mutex> pending_lock(pending_mutex_);
+      pending_.push_back(work);
+    }
+    pending_cv_.notify_all();
+    return work;
+  } catch (...) {
+    // The operation may be half-queued, and the other ranks are inside it:
+    // the group cannot go on. See Note [NCCL failure].
+    auto error = std::current_exception();
+    fail_group_locked(error);
+    return failed_work(name, op.timeout, error);
+  }
+}
+
+// ---- Watchdog --------------------------------------------------------------------------------
+
+void NcclEngine::run_watchdog() {
+  std::unique_lock<std::mutex> lock(pending_mutex_);
+  for (;;) {
+    if (pending_.empty()) {
+      if (stop_watchdog_) {
+        return;
+      }
+      pending_cv_.wait_for(lock, options_.watchdog_interval,
+                           [this] { return stop_watchdog_ || !pending_.empty(); });
+    } else {
+      pending_cv_.wait_for(lock, kBusyPoll);
+    }
+    const std::vector<std::shared_ptr<NcclWork>> snapshot(pending_.begin(), pending_.end());
+    lock.unlock();
+    std::vector<std::shared_ptr<NcclWork>> done;
+    try {
+      done = check_pending(snapshot);
+    } catch (const std::exception& e) {
+      // check_pending turns every failure into a failed group; this is a
+      // last resort so that the thread never dies with Works pending.
+      try {
+        fail_group_from_watchdog(std::make_exception_ptr(
+            CommError(c10::str(who_, " NCCL watchdog: ", e.what()))));
+        for (const auto& work : snapshot) {
+          work->fail(aborted_error(work->name(), e.what()));
+        }
+      } catch (...) {
+      }
+      done = snapshot;
+    }
+    lock.lock();
+    pending_.erase(std::remove_if(pending_.begin(), pending_.end(),
+                                  [&done](const std::shared_ptr<NcclWork>& work) {
+                                    return std::find(done.begin(), done.end(), work) != done.end();
+                                  }),
+                   pending_.end());
+  }
+}
+
+std::vector<std::shared_ptr<NcclWork>> NcclEngine::check_pending(
+    const std::vector<std::shared_ptr<NcclWork>>& pending) {
+  auto fail_others = [&pending](const std::shared_ptr<NcclWork>& culprit, const std::string& failure) {
+    for (const auto& work : pending) {
+      if (work != culprit) {
+        work->fail(aborted_error(work->name(), failure));
+      }
+    }
+  };
+
+  // A failure recorded by a launch or by an earlier pass: fail everything.
+  if (auto failure = failure_->message()) {
+    fail_others(nullptr, *failure);
+    return pending;
+  }
+
+  // An asynchronous error of the communicator (a peer that died, a network
+  // error). Skipped while a launch holds the lock: that launch polls the
+  // same state itself.
+  std::optional<ncclResult_t> async_error;
+  std::string nccl_said;
+  {
+    std::unique_lock<std::mutex> launch_lock(launch_mutex_, std::try_to_lock);
+    if (launch_lock.owns_lock() && comm_ != nullptr) {
+      ncclResult_t state = ncclSuccess;
+      const ncclResult_t result = ncclCommGetAsyncError(comm_, &state);
+      if (result != ncclSuccess) {
+        state = result;
+      }
+      if (state != ncclSuccess && state != ncclInProgress) {
+        async_error = state;
+        const char* last = ncclGetLastError(comm_);
+        nccl_said = last != nullptr ? last : "";
+      }
+    }
+  }
+  if (async_error) {
+    const std::shared_ptr<NcclWork> culprit = pending.empty() ? nullptr : pending.front();
+    const std::string message = c10::str(
+        culprit ? culprit->name() : who_ + " (no operation running)",
+        ": NCCL reported an asynchronous error: ", nccl_result_text(*async_error),
+        nccl_said.empty() ? std::string() : "; NCCL said: " + nccl_said,
+        ". The NCCL communicator was aborted; the group is unusable: destroy it and create a new "
+        "one.");
+    const auto error = *async_error == ncclRemoteError
+                           ? std::make_exception_ptr(RemoteError(message, -1))
+                           : std::make_exception_ptr(CommError(message));
+    if (culprit) {
+      culprit->fail(error);
+    }
+    fail_group_from_watchdog(error);
+    fail_others(culprit, message);
+    return pending;
+  }
+
+  // Completions and deadlines, oldest first.
+  std::vector<std::shared_ptr<NcclWork>> done;
+  const auto now = std::chrono::steady_clock::now();
+  for (const auto& work : pending) {
+    bool completed = false;
+    try {
+      completed = work->end_event().query();
+    } catch (const std::exception& e) {
+      const auto error =
+          std::make_exception_ptr(CommError(c10::str(work->name(), ": ", e.what())));
+      work->fail(error);
+      fail_group_from_watchdog(error);
+      fail_others(work, e.what());
+      return pending;
+    }
+    if (completed) {
+      // Callbacks run here; whatever they queue goes on the stream the
+      // operation was issued from, as if they ran on the issuing thread.
+      c10::cuda::CUDAStreamGuard guard(work->issuing_stream());
+      work->finish();
+      done.push_back(work);
+    } else if (now >= work->deadline()) {
+      const std::string message = c10::str(
+          work->name(), " timed out after ", work->timeout().count(),
+          " ms: it had not completed on the GPU (a rank may be stuck, dead, or issuing collectives "
+          "in a different order). The NCCL communicator was aborted; the group is unusable: "
+          "destroy it and create a new one.");
+      const auto error = std::make_exception_ptr(TimeoutError(message));
+      work->fail(error);
+      fail_group_from_watchdog(error);
+      fail_others(work, message);
+      return pending;
+    }
+  }
+  return done;
+}
+
+void NcclEngine::fail_group_from_watchdog(std::exception_ptr error) {
+  // Recorded before the abort (See Note [NCCL failure]), and before taking
+  // the lock, so that a launch in progress sees it.
+  failure_->record(error, error_text(error));
+  abort_requested_.store(true);
+  std::lock_guard<std::mutex> lock(launch_mutex_);
+  abort_communicator_locked();
+  abort_requested_.store(false);
+}
+
+} // namespace ddp::internal

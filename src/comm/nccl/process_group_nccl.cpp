@@ -1,0 +1,502 @@
+// The NCCL backend: argument checks and the collectives, each expressed as
+// the NCCL calls of one `NcclOp`. The engine (nccl_engine.h) runs them:
+// communicator, stream ordering, Works and the watchdog.
+//
+// Every collective checks its arguments on the caller's thread and throws
+// c10::Error on misuse, before it takes a sequence number, so that a
+// rejected call does not shift the numbering against the other ranks.
+// Reshaping that must come before the NCCL call (packing reduce_scatter's
+// inputs) runs on the caller's current stream, which the operation waits
+// for; unpacking after it (allgather's outputs) runs on the communicator's
+// stream in `NcclOp::finish`.
+
+#include <ddp/comm/process_group_nccl.h>
+
+#include <ATen/ATen.h>
+#include <c10/cuda/CUDAFunctions.h>
+
+#include <ddp/comm/error.h>
+
+#include "comm/collective_checks.h"
+#include "comm/nccl/nccl_engine.h"
+#include "comm/nccl/nccl_support.h"
+#include "internal/check.h"
+
+namespace ddp {
+
+// The engine does the work; see nccl_engine.h. Thread-safety: the engine's.
+class ProcessGroupNCCL::Impl {
+ public:
+  Impl(std::shared_ptr<Store> store, int rank, int size, internal::NcclEngineOptions options,
+       std::string who)
+      : engine(std::move(store), rank, size, std::move(options), std::move(who)) {}
+
+  internal::NcclEngine engine;
+};
+
+// ---- Construction ------------------------------------------------------------------
+
+std::shared_ptr<ProcessGroupNCCL> ProcessGroupNCCL::create(
+    std::shared_ptr<Store> store, int rank, int size, const ProcessGroupNCCLOptions& options) {
+  return std::make_shared<ProcessGroupNCCL>(PrivateTag{}, std::move(store), rank, size, options);
+}
+
+bool ProcessGroupNCCL::is_available() {
+  return c10::cuda::device_count() > 0;
+}
+
+std::string ProcessGroupNCCL::nccl_version() {
+  int code = 0;
+  internal::check_nccl(ncclGetVersion(&code), nullptr, "ncclGetVersion");
+  // NCCL_VERSION's encoding: X*1000+Y*100+Z up to 2.8, X*10000+Y*100+Z after.
+  const int major = code >= 10000 ? code / 10000 : code / 1000;
+  const int minor = code >= 10000 ? (code / 100) % 100 : (code / 100) % 10;
+  return c10::str(major, ".", minor, ".", code % 100);
+}
+
+ProcessGroupNCCL::ProcessGroupNCCL(PrivateTag, std::shared_ptr<Store> store, int rank, int size,
+                                   const ProcessGroupNCCLOptions& options)
+    : ProcessGroup(rank, size, options.timeout()) {
+  const std::string who = rank_prefix() + " ProcessGroupNCCL";
+  DDP_CHECK(store != nullptr, who, ": the store is null");
+  DDP_CHECK(options.watchdog_interval().count() > 0, who,
+            ": watchdog_interval must be positive (got ", options.watchdog_interval().count(),
+            " ms)");
+  const int devices = static_cast<int>(c10::cuda::device_count());
+  DDP_CHECK(devices > 0, who,
+            ": no CUDA device is visible to this process; the NCCL backend needs one GPU per "
+            "process (use Backend::kGloo for CPU tensors)");
+  DDP_CHECK(options.device_index() >= -1 && options.device_index() < devices, who,
+            ": device_index ", options.device_index(), " is out of range; this process sees ",
+            devices, " CUDA device(s) (use -1 to take the device of the first tensors)");
+  int version = 0;
+  internal::check_nccl(ncclGetVersion(&version), nullptr, who + ": ncclGetVersion");
+  DDP_CHECK(version >= NCCL_VERSION(2, 14, 0), who, ": the NCCL library loaded at run time is ",
+            nccl_version(), ", older than 2.14, which the backend needs (non-blocking communicators)");
+
+  internal::NcclEngineOptions engine_options;
+  engine_options.timeout = options.timeout();
+  engine_options.group_name = options.group_name();
+  engine_options.device_index = options.device_index();
+  engine_options.high_priority_stream = options.high_priority_stream();
+  engine_options.watchdog_interval = options.watchdog_interval();
+  impl_ = std::make_unique<Impl>(std::move(store), rank, size, std::move(engine_options),
+                                 rank_prefix());
+}
+
+ProcessGroupNCCL::~ProcessGroupNCCL() = default;
+
+int ProcessGroupNCCL::device_index() const {
+  return impl_->engine.device();
+}
+
+// ---- Argument checks -----------------------------------------------------------------
+
+namespace {
+
+// Checks one tensor argument; `who` is "[rank R/W] op", `what` names the
+// argument ("tensor", "outputs[2]").
+void check_tensor(const at::Tensor& t, const std::string& who, const std::string& what) {
+  DDP_CHECK(t.defined(), who, ": ", what, " is an undefined tensor");
+  DDP_CHECK(t.is_cuda(), who, ": ", what, " is on device ", t.device(),
+            "; the NCCL backend takes CUDA tensors on this process's GPU (use a Gloo group for "
+            "CPU tensors)");
+  DDP_CHECK(!t.is_sparse(), who, ": ", what, " is sparse; only dense tensors are supported");
+  DDP_CHECK(t.is_contiguous(), who, ": ", what, " must be contiguous (got sizes ", t.sizes(),
+            " with strides ", t.strides(), "); pass tensor.contiguous() and copy the result back");
+}
+
+// NCCL's rules for the checks of collective_checks.h.
+constexpr internal::TensorRules kNcclRules{&check_tensor, "the NCCL backend drives one GPU per process"};
+
+int device_index_of(const at::Tensor& t) {
+  return static_cast<int>(t.device().index());
+}
+
+// The address of chunk `index` of `chunk_bytes` bytes in `tensor`.
+void* chunk(const at::Tensor& tensor, int64_t index, size_t chunk_bytes) {
+  return static_cast<uint8_t*>(tensor.data_ptr()) + static_cast<size_t>(index) * chunk_bytes;
+}
+
+// Divides each tensor by the world size: AVG where NCCL lacks ncclAvg.
+std::function<void()> divide_by(std::vector<at::Tensor> tensors, int size) {
+  return [tensors = std::move(tensors), size] {
+    for (const auto& t : tensors) {
+      t.div_(size);
+    }
+  };
+}
+
+} // namespace
+
+// ---- Collectives -------------------------------------------------------------------------
+
+std::shared_ptr<Work> ProcessGroupNCCL::allreduce(const at::Tensor& tensor,
+                                                  const AllreduceOptions& options) {
+  return allreduce_coalesced({tensor}, options);
+}
+
+std::shared_ptr<Work> ProcessGroupNCCL::allreduce_coalesced(const std::vector<at::Tensor>& tensors,
+                                                            const AllreduceOptions& options) {
+  const std::string who = rank_prefix() + " allreduce";
+  internal::check_coalesced(tensors, who, kNcclRules);
+  const auto reduction = internal::nccl_reduction(tensors[0].scalar_type(), options.op, who);
+
+  internal::NcclOp op;
+  op.op_name = "allreduce";
+  op.device = device_index_of(tensors[0]);
+  op.timeout = resolve_timeout(options.timeout);
+  op.tensors = tensors;
+  op.outputs = tensors;
+  // Several tensors are one NCCL group: one launch, fused by NCCL.
+  op.issue = [tensors, reduction](ncclComm_t comm, cudaStream_t stream, const std::string& what) {
+    for (const auto& t : tensors) {
+      const size_t count = reduction.count(t);
+      if (count > 0) {
+        internal::check_nccl(ncclAllReduce(t.data_ptr(), t.data_ptr(), count, reduction.type,
+                                           reduction.op, comm, stream),
+                             comm, what + ": ncclAllReduce");
+      }
+    }
+  };
+  if (reduction.divide_after) {
+    op.finish = divide_by(tensors, size());
+  }
+  return impl_->engine.launch(std::move(op));
+}
+
+std::shared_ptr<Work> ProcessGroupNCCL::broadcast(const at::Tensor& tensor,
+                                                  const BroadcastOptions& options) {
+  const std::string who = rank_prefix() + " broadcast";
+  internal::check_rooted(tensor, options.root_rank, size(), who, kNcclRules);
+  const int root = options.root_rank;
+
+  internal::NcclOp op;
+  op.op_name = "broadcast";
+  op.device = device_index_of(tensor);
+  op.timeout = resolve_timeout(options.timeout);
+  op.tensors = {tensor};
+  op.outputs = {tensor};
+  op.issue = [tensor, root](ncclComm_t comm, cudaStream_t stream, const std::string& what) {
+    const auto layout = internal::movement_layout(tensor);
+    if (layout.count > 0) {
+      internal::check_nccl(ncclBroadcast(tensor.data_ptr(), tensor.data_ptr(), layout.count,
+                                         layout.type, root, comm, stream),
+                           comm, what + ": ncclBroadcast");
+    }
+  };
+  return impl_->engine.launch(std::move(op));
+}
+
+std::shared_ptr<Work> ProcessGroupNCCL::reduce(const at::Tensor& tensor, const ReduceOptions& options) {
+  const std::string who = rank_prefix() + " reduce";
+  internal::check_rooted(tensor, options.root_rank, size(), who, kNcclRules);
+  const auto reduction = internal::nccl_reduction(tensor.scalar_type(), options.op, who);
+  const int root = options.root_rank;
+
+  internal::NcclOp op;
+  op.op_name = "reduce";
+  op.device = device_index_of(tensor);
+  op.timeout = resolve_timeout(options.timeout);
+  op.tensors = {tensor};
+  op.outputs = {tensor};
+  op.issue = [tensor, reduction, root](ncclComm_t comm, cudaStream_t stream, const std::string& what) {
+    const size_t count = reduction.count(tensor);
+    if (count > 0) {
+      internal::check_nccl(ncclReduce(tensor.data_ptr(), tensor.data_ptr(), count, reduction.type,
+                                      reduction.op, root, comm, stream),
+                           comm, what + ": ncclReduce");
+    }
+  };
+  if (reduction.divide_after && rank() == root) {
+    op.finish = divide_by({tensor}, size());
+  }
+  return impl_->engine.launch(std::move(op));
+}
+
+std::shared_ptr<Work> ProcessGroupNCCL::allgather(const std::vector<at::Tensor>& outputs,
+                                                  const at::Tensor& input,
+                                                  const AllgatherOptions& options) {
+  const std::string who = rank_prefix() + " allgather";
+  internal::check_allgather(outputs, input, size(), who, kNcclRules);
+  // NCCL gathers into one buffer; the copies into `outputs` follow on the
+  // communicator's stream.
+  const auto flat = at::empty({size() * input.numel()}, input.options());
+
+  internal::NcclOp op;
+  op.op_name = "allgather";
+  op.device = device_index_of(input);
+  op.timeout = resolve_timeout(options.timeout);
+  op.tensors = outputs;
+  op.tensors.push_back(input);
+  op.tensors.push_back(flat);
+  op.outputs = outputs;
+  op.issue = [input, flat](ncclComm_t comm, cudaStream_t stream, const std::string& what) {
+    const auto layout = internal::movement_layout(input);
+    if (layout.count > 0) {
+      internal::check_nccl(ncclAllGather(input.data_ptr(), flat.data_ptr(), layout.count,
+                                         layout.type, comm, stream),
+                           comm, what + ": ncclAllGather");
+    }
+  };
+  op.finish = [outputs, flat, n = input.numel()] {
+    for (size_t r = 0; r < outputs.size(); ++r) {
+      outputs[r].view({-1}).copy_(flat.narrow(0, static_cast<int64_t>(r) * n, n));
+    }
+  };
+  return impl_->engine.launch(std::move(op));
+}
+
+std::shared_ptr<Work> ProcessGroupNCCL::allgather_into_tensor(const at::Tensor& output,
+                                                              const at::Tensor& input,
+                                                              const AllgatherOptions& options) {
+  const std::string who = rank_prefix() + " allgather_into_tensor";
+  internal::check_allgather_into_tensor(output, input, size(), who, kNcclRules);
+
+  internal::NcclOp op;
+  op.op_name = "allgather_into_tensor";
+  op.device = device_index_of(input);
+  op.timeout = resolve_timeout(options.timeout);
+  op.tensors = {output, input};
+  op.outputs = {output};
+  op.issue = [output, input](ncclComm_t comm, cudaStream_t stream, const std::string& what) {
+    const auto layout = internal::movement_layout(input);
+    if (layout.count > 0) {
+      internal::check_nccl(ncclAllGather(input.data_ptr(), output.data_ptr(), layout.count,
+                                         layout.type, comm, stream),
+                           comm, what + ": ncclAllGather");
+    }
+  };
+  return impl_->engine.launch(std::move(op));
+}
+
+std::shared_ptr<Work> ProcessGroupNCCL::gather(const std::vector<at::Tensor>& outputs,
+                                               const at::Tensor& input,
+                                               const GatherOptions& options) {
+  const std::string who = rank_prefix() + " gather";
+  internal::check_gather(outputs, input, rank(), options.root_rank, size(), who, kNcclRules);
+  const bool is_root = rank() == options.root_rank;
+  const int root = options.root_rank;
+  const int rank = this->rank();
+
+  internal::NcclOp op;
+  op.op_name = "gather";
+  op.device = device_index_of(input);
+  op.timeout = resolve_timeout(options.timeout);
+  op.tensors = outputs;
+  op.tensors.push_back(input);
+  op.outputs = outputs;
+  // The root receives from every other rank in one group; its own part is a
+  // local copy.
+  op.issue = [outputs, input, root, rank, is_root](ncclComm_t comm, cudaStream_t stream,
+                                                   const std::string& what) {
+    const auto layout = internal::movement_layout(input);
+    if (layout.count == 0) {
+      return;
+    }
+    if (!is_root) {
+      internal::check_nccl(ncclSend(input.data_ptr(), layout.count, layout.type, root, comm, stream),
+                           comm, what + ": ncclSend");
+      return;
+    }
+    for (int r = 0; r < static_cast<int>(outputs.size()); ++r) {
+      if (r == rank) {
+        internal::copy_on_stream(outputs[r].data_ptr(), input.data_ptr(), input.nbytes(), stream,
+                                 what + ": cudaMemcpyAsync");
+      } else {
+        internal::check_nccl(ncclRecv(outputs[r].data_ptr(), layout.count, layout.type, r, comm, stream),
+                             comm, what + ": ncclRecv");
+      }
+    }
+  };
+  return impl_->engine.launch(std::move(op));
+}
+
+std::shared_ptr<Work> ProcessGroupNCCL::scatter(const at::Tensor& output,
+                                                const std::vector<at::Tensor>& inputs,
+                                                const ScatterOptions& options) {
+  const std::string who = rank_prefix() + " scatter";
+  internal::check_scatter(output, inputs, rank(), options.root_rank, size(), who, kNcclRules);
+  const bool is_root = rank() == options.root_rank;
+  const int root = options.root_rank;
+  const int rank = this->rank();
+
+  internal::NcclOp op;
+  op.op_name = "scatter";
+  op.device = device_index_of(output);
+  op.timeout = resolve_timeout(options.timeout);
+  op.tensors = inputs;
+  op.tensors.push_back(output);
+  op.outputs = {output};
+  op.issue = [output, inputs, root, rank, is_root](ncclComm_t comm, cudaStream_t stream,
+                                                   const std::string& what) {
+    const auto layout = internal::movement_layout(output);
+    if (layout.count == 0) {
+      return;
+    }
+    if (!is_root) {
+      internal::check_nccl(ncclRecv(output.data_ptr(), layout.count, layout.type, root, comm, stream),
+                           comm, what + ": ncclRecv");
+      return;
+    }
+    for (int r = 0; r < static_cast<int>(inputs.size()); ++r) {
+      if (r == rank) {
+        internal::copy_on_stream(output.data_ptr(), inputs[r].data_ptr(), output.nbytes(), stream,
+                                 what + ": cudaMemcpyAsync");
+      } else {
+        internal::check_nccl(ncclSend(inputs[r].data_ptr(), layout.count, layout.type, r, comm, stream),
+                             comm, what + ": ncclSend");
+      }
+    }
+  };
+  return impl_->engine.launch(std::move(op));
+}
+
+std::shared_ptr<Work> ProcessGroupNCCL::reduce_scatter(const at::Tensor& output,
+                                                       const std::vector<at::Tensor>& inputs,
+                                                       const ReduceScatterOptions& options) {
+  const std::string who = rank_prefix() + " reduce_scatter";
+  internal::check_reduce_scatter(output, inputs, size(), who, kNcclRules);
+  const auto reduction = internal::nccl_reduction(output.scalar_type(), options.op, who);
+  // NCCL reduces one buffer holding every rank's chunk; packing it runs on
+  // the caller's stream, which the operation waits for.
+  std::vector<at::Tensor> views;
+  views.reserve(inputs.size());
+  for (const auto& t : inputs) {
+    views.push_back(t.reshape({-1}));
+  }
+  const auto flat = at::cat(views);
+
+  internal::NcclOp op;
+  op.op_name = "reduce_scatter";
+  op.device = device_index_of(output);
+  op.timeout = resolve_timeout(options.timeout);
+  op.tensors = inputs;
+  op.tensors.push_back(output);
+  op.tensors.push_back(flat);
+  op.outputs = {output};
+  op.issue = [output, flat, reduction](ncclComm_t comm, cudaStream_t stream, const std::string& what) {
+    const size_t count = reduction.count(output);
+    if (count > 0) {
+      internal::check_nccl(ncclReduceScatter(flat.data_ptr(), output.data_ptr(), count,
+                                             reduction.type, reduction.op, comm, stream),
+                           comm, what + ": ncclReduceScatter");
+    }
+  };
+  if (reduction.divide_after) {
+    op.finish = divide_by({output}, size());
+  }
+  return impl_->engine.launch(std::move(op));
+}
+
+std::shared_ptr<Work> ProcessGroupNCCL::alltoall(const at::Tensor& output, const at::Tensor& input,
+                                                 const AlltoallOptions& options) {
+  const std::string who = rank_prefix() + " alltoall";
+  internal::check_alltoall(output, input, size(), who, kNcclRules);
+  const int size = this->size();
+  const int rank = this->rank();
+
+  internal::NcclOp op;
+  op.op_name = "alltoall";
+  op.device = device_index_of(input);
+  op.timeout = resolve_timeout(options.timeout);
+  op.tensors = {output, input};
+  op.outputs = {output};
+  // One send and one receive per peer, in one group so that they all
+  // progress together; the chunk for this rank itself is a local copy.
+  op.issue = [output, input, size, rank](ncclComm_t comm, cudaStream_t stream, const std::string& what) {
+    const auto layout = internal::movement_layout(input);
+    if (layout.count == 0) {
+      return;
+    }
+    const size_t chunk_count = layout.count / static_cast<size_t>(size);
+    const size_t chunk_bytes = static_cast<size_t>(input.nbytes()) / static_cast<size_t>(size);
+    for (int r = 0; r < size; ++r) {
+      if (r == rank) {
+        internal::copy_on_stream(chunk(output, r, chunk_bytes), chunk(input, r, chunk_bytes),
+                                 chunk_bytes, stream, what + ": cudaMemcpyAsync");
+        continue;
+      }
+      internal::check_nccl(ncclSend(chunk(input, r, chunk_bytes), chunk_count, layout.type, r, comm, stream),
+                           comm, what + ": ncclSend");
+      internal::check_nccl(ncclRecv(chunk(output, r, chunk_bytes), chunk_count, layout.type, r, comm, stream),
+                           comm, what + ": ncclRecv");
+    }
+  };
+  return impl_->engine.launch(std::move(op));
+}
+
+std::shared_ptr<Work> ProcessGroupNCCL::barrier(const BarrierOptions& options) {
+  const std::string who = rank_prefix() + " barrier";
+  // An allreduce of one element on the group's device; its Work blocks the
+  // CPU in wait(), which is what a barrier is for.
+  const int device = impl_->engine.bind_device(-1, who);
+  const auto token = at::zeros({1}, at::TensorOptions()
+                                        .dtype(at::kFloat)
+                                        .device(at::Device(at::kCUDA, static_cast<c10::DeviceIndex>(device))));
+
+  internal::NcclOp op;
+  op.op_name = "barrier";
+  op.device = device;
+  op.timeout = resolve_timeout(options.timeout);
+  op.tensors = {token};
+  op.blocking_wait = true;
+  op.issue = [token](ncclComm_t comm, cudaStream_t stream, const std::string& what) {
+    internal::check_nccl(ncclAllReduce(token.data_ptr(), token.data_ptr(), 1, ncclFloat32, ncclSum,
+                                       comm, stream),
+                         comm, what + ": ncclAllReduce");
+  };
+  return impl_->engine.launch(std::move(op));
+}
+
+// ---- Point to point --------------------------------------------------------------------------
+
+std::shared_ptr<Work> ProcessGroupNCCL::send(const at::Tensor& tensor, int dst_rank,
+                                             const PointToPointOptions& options) {
+  const std::string who = rank_prefix() + " send";
+  internal::check_point_to_point(tensor, dst_rank, options.tag, rank(), size(), who, "destination",
+                                 kNcclRules);
+
+  internal::NcclOp op;
+  op.op_name = "send";
+  op.peer_detail = c10::str("to rank ", dst_rank, " (tag ", options.tag, ")");
+  op.collective = false;
+  op.device = device_index_of(tensor);
+  op.timeout = resolve_timeout(options.timeout);
+  op.tensors = {tensor};
+  op.outputs = {tensor};
+  op.issue = [tensor, dst_rank](ncclComm_t comm, cudaStream_t stream, const std::string& what) {
+    const auto layout = internal::movement_layout(tensor);
+    if (layout.count > 0) {
+      internal::check_nccl(ncclSend(tensor.data_ptr(), layout.count, layout.type, dst_rank, comm, stream),
+                           comm, what + ": ncclSend");
+    }
+  };
+  return impl_->engine.launch(std::move(op));
+}
+
+std::shared_ptr<Work> ProcessGroupNCCL::recv(const at::Tensor& tensor, int src_rank,
+                                             const PointToPointOptions& options) {
+  const std::string who = rank_prefix() + " recv";
+  internal::check_point_to_point(tensor, src_rank, options.tag, rank(), size(), who, "source",
+                                 kNcclRules);
+
+  internal::NcclOp op;
+  op.op_name = "recv";
+  op.peer_detail = c10::str("from rank ", src_rank, " (tag ", options.tag, ")");
+  op.collective = false;
+  op.device = device_index_of(tensor);
+  op.timeout = resolve_timeout(options.timeout);
+  op.tensors = {tensor};
+  op.outputs = {tensor};
+  op.issue = [tensor, src_rank](ncclComm_t comm, cudaStream_t stream, const std::string& what) {
+    const auto layout = internal::movement_layout(tensor);
+    if (layout.count > 0) {
+      internal::check_nccl(ncclRecv(tensor.data_ptr(), layout.count, layout.type, src_rank, comm, stream),
+                           comm, what + ": ncclRecv");
+    }
+  };
+  return impl_->engine.launch(std::move(op));
+}
+
+} // namespace ddp

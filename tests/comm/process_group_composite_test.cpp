@@ -1,0 +1,152 @@
+// CompositeProcessGroup routes each operation to the backend of its tensors'
+// device type. Here the CPU backend is a real Gloo group and a second device
+// type (Meta, which any LibTorch has) is served by a recording fake, so that
+// the routing is checked without a GPU; tests/gpu/composite_cuda_test.cpp
+// runs the real cpu:gloo,cuda:nccl pair.
+
+#include <gtest/gtest.h>
+#include <torch/torch.h>
+
+#include <ddp/store/hash_store.h>
+#include <ddp/comm/process_group_composite.h>
+
+#include "testing/errors.h"
+#include "testing/multi_rank.h"
+
+namespace ddp {
+namespace {
+
+// Completes every operation at once and records its name.
+class RecordingGroup : public ProcessGroup {
+ public:
+  RecordingGroup(int rank, int size) : ProcessGroup(rank, size, std::chrono::seconds(30)) {}
+  std::string backend_name() const override {
+    return "fake";
+  }
+  std::vector<std::string> calls;
+
+  std::shared_ptr<Work> allreduce(const at::Tensor&, const AllreduceOptions&) override {
+    return done("allreduce");
+  }
+  std::shared_ptr<Work> allreduce_coalesced(const std::vector<at::Tensor>&, const AllreduceOptions&) override {
+    return done("allreduce_coalesced");
+  }
+  std::shared_ptr<Work> broadcast(const at::Tensor&, const BroadcastOptions&) override {
+    return done("broadcast");
+  }
+  std::shared_ptr<Work> reduce(const at::Tensor&, const ReduceOptions&) override {
+    return done("reduce");
+  }
+  std::shared_ptr<Work> allgather(const std::vector<at::Tensor>&, const at::Tensor&,
+                                  const AllgatherOptions&) override {
+    return done("allgather");
+  }
+  std::shared_ptr<Work> allgather_into_tensor(const at::Tensor&, const at::Tensor&,
+                                              const AllgatherOptions&) override {
+    return done("allgather_into_tensor");
+  }
+  std::shared_ptr<Work> gather(const std::vector<at::Tensor>&, const at::Tensor&, const GatherOptions&) override {
+    return done("gather");
+  }
+  std::shared_ptr<Work> scatter(const at::Tensor&, const std::vector<at::Tensor>&, const ScatterOptions&) override {
+    return done("scatter");
+  }
+  std::shared_ptr<Work> reduce_scatter(const at::Tensor&, const std::vector<at::Tensor>&,
+                                       const ReduceScatterOptions&) override {
+    return done("reduce_scatter");
+  }
+  std::shared_ptr<Work> alltoall(const at::Tensor&, const at::Tensor&, const AlltoallOptions&) override {
+    return done("alltoall");
+  }
+  std::shared_ptr<Work> barrier(const BarrierOptions&) override {
+    return done("barrier");
+  }
+  std::shared_ptr<Work> send(const at::Tensor&, int, const PointToPointOptions&) override {
+    return done("send");
+  }
+  std::shared_ptr<Work> recv(const at::Tensor&, int, const PointToPointOptions&) override {
+    return done("recv");
+  }
+
+ private:
+  std::shared_ptr<Work> done(const std::string& name) {
+    calls.push_back(name);
+    return Work::completed({});
+  }
+};
+
+struct Pair {
+  std::shared_ptr<CompositeProcessGroup> group;
+  std::shared_ptr<RecordingGroup> fake;
+};
+
+Pair make_pair_of_one() {
+  auto fake = std::make_shared<RecordingGroup>(0, 1);
+  std::map<c10::DeviceType, std::shared_ptr<ProcessGroup>> backends;
+  backends[c10::DeviceType::CPU] = testing::make_gloo_group_of_one();
+  backends[c10::DeviceType::Meta] = fake;
+  return {std::make_shared<CompositeProcessGroup>(std::move(backends)), fake};
+}
+
+at::Tensor meta(int64_t n) {
+  return torch::empty({n}, torch::TensorOptions().device(torch::kMeta));
+}
+
+TEST(CompositeProcessGroup, NamesItsBackendsAsPyTorchDoes) {
+  auto [group, fake] = make_pair_of_one();
+  EXPECT_EQ(group->backend_name(), "cpu:gloo,meta:fake");
+  EXPECT_EQ(group->backend_for(c10::DeviceType::Meta), fake);
+  DDP_EXPECT_ERROR(group->backend_for(c10::DeviceType::CUDA), "has no backend for device type cuda");
+}
+
+TEST(CompositeProcessGroup, RoutesEveryOperationByTheDeviceOfItsTensors) {
+  auto [group, fake] = make_pair_of_one();
+  group->allreduce(meta(3))->wait();
+  group->allreduce_coalesced({meta(1), meta(2)})->wait();
+  group->broadcast(meta(3))->wait();
+  group->reduce(meta(3))->wait();
+  group->allgather({meta(3)}, meta(3))->wait();
+  group->allgather_into_tensor(meta(3), meta(3))->wait();
+  group->gather({meta(3)}, meta(3))->wait();
+  group->scatter(meta(3), {meta(3)})->wait();
+  group->reduce_scatter(meta(3), {meta(3)})->wait();
+  group->alltoall(meta(3), meta(3))->wait();
+  group->send(meta(3), 0)->wait();
+  group->recv(meta(3), 0)->wait();
+  EXPECT_EQ(fake->calls, (std::vector<std::string>{
+                             "allreduce", "allreduce_coalesced", "broadcast", "reduce", "allgather",
+                             "allgather_into_tensor", "gather", "scatter", "reduce_scatter", "alltoall",
+                             "send", "recv"}));
+
+  // CPU tensors and the barrier go to Gloo, never to the other backend.
+  auto t = torch::full({4}, 2.0);
+  group->allreduce(t)->wait();
+  group->barrier()->wait();
+  EXPECT_TRUE(torch::equal(t, torch::full({4}, 2.0)));
+  EXPECT_EQ(fake->calls.size(), 12u);
+}
+
+TEST(CompositeProcessGroup, RefusesTensorsOnTwoDeviceTypesOrOnOneWithNoBackend) {
+  auto [group, fake] = make_pair_of_one();
+  DDP_EXPECT_ERROR(group->allgather({meta(2)}, torch::ones({2})), "allgather: tensors on meta and cpu in one operation");
+  EXPECT_TRUE(fake->calls.empty());
+
+  std::map<c10::DeviceType, std::shared_ptr<ProcessGroup>> cpu_only;
+  cpu_only[c10::DeviceType::CPU] = testing::make_gloo_group_of_one();
+  CompositeProcessGroup only_gloo(std::move(cpu_only));
+  DDP_EXPECT_ERROR(only_gloo.allreduce(meta(2)), "has no backend for meta tensors");
+}
+
+TEST(CompositeProcessGroup, NeedsACpuBackendAndBackendsThatAgreeOnRankAndSize) {
+  std::map<c10::DeviceType, std::shared_ptr<ProcessGroup>> no_cpu;
+  no_cpu[c10::DeviceType::Meta] = std::make_shared<RecordingGroup>(0, 1);
+  DDP_EXPECT_ERROR(CompositeProcessGroup{no_cpu}, "no backend for cpu");
+
+  std::map<c10::DeviceType, std::shared_ptr<ProcessGroup>> disagree;
+  disagree[c10::DeviceType::CPU] = std::make_shared<RecordingGroup>(0, 2);
+  disagree[c10::DeviceType::Meta] = std::make_shared<RecordingGroup>(1, 2);
+  DDP_EXPECT_ERROR(CompositeProcessGroup{disagree}, "expected rank 0 of 2");
+}
+
+} // namespace
+} // namespace ddp

@@ -1,0 +1,75 @@
+#!/usr/bin/env bash
+# Runs every GPU check of docs/gpu.md on a machine with a GPU, in order, and
+# prints a summary line per step.
+#
+# Usage: bash tests/gpu/verify.sh BUILD_DIR [PYTHON]
+#
+#   BUILD_DIR  a build configured with -DDDP_WITH_NCCL=ON (docs/gpu.md)
+#   PYTHON     an interpreter whose torch has CUDA, for PyTorch's side of the
+#              benchmark (default: python3)
+#
+# Steps: the CTest tests labelled gpu; DDP parity on CUDA with 2 ranks under
+# ddprun (Gloo; NCCL when there are 2 GPUs); the ToyModel example alone on
+# the GPU; the side-by-side DDP step benchmark
+# (bench/gpu/run_ddp_step_bench.py).
+# DDP_VERIFY_BENCH=0 leaves the benchmark out. Exits non-zero when a check
+# fails; benchmark ratios never fail it.
+set -uo pipefail
+
+build=${1:?usage: bash tests/gpu/verify.sh BUILD_DIR [PYTHON]}
+python=${2:-python3}
+root=$(cd "$(dirname "${BASH_SOURCE[0]}")/../.." && pwd)
+failed=0
+
+step() {
+  echo
+  echo "==== $*"
+}
+
+check() {
+  local name=$1
+  shift
+  if "$@"; then
+    echo "verify.sh: PASS $name"
+  else
+    echo "verify.sh: FAIL $name (exit code $?)"
+    failed=1
+  fi
+}
+
+step "device"
+nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader || true
+"$python" -c 'import torch; print("torch", torch.__version__, "cuda", torch.version.cuda, "nccl", torch.cuda.nccl.version())' || true
+
+step "CTest, label gpu"
+check ctest-gpu ctest --test-dir "$build" -L gpu --output-on-failure --timeout 300
+
+step "DDP parity on CUDA, 2 ranks"
+for backend in gloo nccl; do
+  "$build/ddprun" --nproc-per-node 2 "$build/tests/gpu_ddp_parity_main" "$backend"
+  rc=$?
+  if [[ $rc -eq 77 ]]; then
+    echo "verify.sh: SKIP gpu_ddp_parity_main $backend (needs more GPUs)"
+  elif [[ $rc -eq 0 ]]; then
+    echo "verify.sh: PASS gpu_ddp_parity_main $backend"
+  else
+    echo "verify.sh: FAIL gpu_ddp_parity_main $backend (exit code $rc)"
+    failed=1
+  fi
+done
+
+step "ToyModel example, alone, on the GPU"
+check toy_model-alone "$build/examples/toy_model"
+
+if [[ ${DDP_VERIFY_BENCH:-1} != 0 ]]; then
+  step "DDP step benchmark against PyTorch DDP"
+  check step-bench "$python" "$root/bench/gpu/run_ddp_step_bench.py" "$build" --python "$python"
+fi
+
+echo
+if [[ $failed -eq 0 ]]; then
+  echo "verify.sh: all GPU checks passed"
+else
+  echo "verify.sh: some GPU checks FAILED"
+fi
+exit "$failed"
