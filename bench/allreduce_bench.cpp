@@ -1,15 +1,16 @@
-// Allreduce latency and bus bandwidth of ddp's Gloo backend: the C++ half of
-// a side-by-side benchmark. bench/allreduce_bench.py is the torch.distributed
-// half, written to the same methodology line for line, and
-// bench/run_allreduce_bench.py runs both and compares them (see
-// docs/benchmarks.md).
+// Allreduce latency and bus bandwidth of ddp's backends (Gloo, MPI): the C++
+// half of a side-by-side benchmark. bench/allreduce_bench.py is the
+// torch.distributed half, written to the same methodology line for line, and
+// bench/run_allreduce_bench.py runs ddp-MPI, ddp-Gloo and torch-Gloo and
+// compares them (see docs/benchmarks.md).
 //
 // Usage:
 //   build/ddprun --nproc-per-node 2 --no-prefix build/bench/allreduce_bench
 //       [--sizes 4096,1M,64M] [--iters N] [--warmup N]
+//   DDP_BACKEND=mpi mpirun -np 2 build/bench/allreduce_bench [...]
 // prints on rank 0, for each size (bytes of float32; a K or M suffix means
 // KiB or MiB; default 4 KiB to 64 MiB in steps of 4x), one line
-//   allreduce_bench impl=ddp world=2 dtype=float32 bytes=4096 warmup=100 iters=1000 median_us=61.20 p10_us=55.31 p90_us=70.02 busbw_gbps=0.0669
+//   allreduce_bench impl=ddp backend=gloo world=2 dtype=float32 bytes=4096 warmup=100 iters=1000 median_us=61.20 p10_us=55.31 p90_us=70.02 busbw_gbps=0.0669
 // and exits 0. It exits 1 if a collective fails or gives a wrong sum, and 2
 // on a bad command line.
 //
@@ -184,9 +185,9 @@ bool run_size(ddp::ProcessGroup& pg, int64_t bytes, int64_t iters, int64_t warmu
     std::sort(sorted.begin(), sorted.end());
     const double median = quantile(sorted, 0.5);
     const double busbw = 2.0 * (world - 1) / world * static_cast<double>(bytes) / median;
-    std::printf("allreduce_bench impl=ddp world=%d dtype=float32 bytes=%lld warmup=%lld "
-                "iters=%lld median_us=%.2f p10_us=%.2f p90_us=%.2f busbw_gbps=%.4f\n",
-                world, static_cast<long long>(bytes), static_cast<long long>(warmup),
+    std::printf("allreduce_bench impl=ddp backend=%s world=%d dtype=float32 bytes=%lld "
+                "warmup=%lld iters=%lld median_us=%.2f p10_us=%.2f p90_us=%.2f busbw_gbps=%.4f\n",
+                pg.backend_name().c_str(), world, static_cast<long long>(bytes), static_cast<long long>(warmup),
                 static_cast<long long>(iters), median * 1e6, quantile(sorted, 0.1) * 1e6,
                 quantile(sorted, 0.9) * 1e6, busbw / 1e9);
     std::fflush(stdout);

@@ -9,7 +9,7 @@ that both halves start the same way, though torchrun works as well):
   build/ddprun --nproc-per-node 2 --no-prefix /usr/bin/python3 \\
       bench/allreduce_bench.py [--sizes 4096,1M,64M] [--iters N] [--warmup N]
 prints on rank 0, for each size, one line
-  allreduce_bench impl=torch world=2 dtype=float32 bytes=4096 warmup=100 iters=1000 median_us=61.20 p10_us=55.31 p90_us=70.02 busbw_gbps=0.0669
+  allreduce_bench impl=torch backend=gloo world=2 dtype=float32 bytes=4096 warmup=100 iters=1000 median_us=61.20 p10_us=55.31 p90_us=70.02 busbw_gbps=0.0669
 and exits 0. It exits 1 if a collective gives a wrong sum, and 2 on a bad
 command line.
 """
@@ -125,7 +125,7 @@ def run_size(rank, world, nbytes, iters, warmup):
         ordered = sorted(seconds.tolist())
         median = quantile(ordered, 0.5)
         busbw = 2.0 * (world - 1) / world * nbytes / median
-        print("allreduce_bench impl=torch world=%d dtype=float32 bytes=%d warmup=%d "
+        print("allreduce_bench impl=torch backend=gloo world=%d dtype=float32 bytes=%d warmup=%d "
               "iters=%d median_us=%.2f p10_us=%.2f p90_us=%.2f busbw_gbps=%.4f"
               % (world, nbytes, warmup, iters, median * 1e6, quantile(ordered, 0.1) * 1e6,
                  quantile(ordered, 0.9) * 1e6, busbw / 1e9), flush=True)

@@ -1,6 +1,7 @@
 """What the side-by-side benchmark drivers share: the command line, finding
-the built programs, launching one side under ddprun, reading its result
-lines, the machine's load, and printing a Markdown table.
+the built programs, launching one side under ddprun (or mpirun, for ddp's
+MPI backend), reading its result lines, the machine's load, and printing a
+Markdown table.
 
 Each benchmark program prints one result line per measurement,
 `<name> key=value key=value ...`; a driver runs ddp's side and PyTorch's
@@ -11,6 +12,7 @@ import argparse
 import os
 import re
 import shlex
+import shutil
 import subprocess
 import sys
 
@@ -24,6 +26,10 @@ def add_common_arguments(parser, programs, rounds_help):
     parser.add_argument("--rounds", type=int, default=2, help=rounds_help)
     parser.add_argument("--python", default="/usr/bin/python3",
                         help="interpreter with torch, for PyTorch's side (default: /usr/bin/python3)")
+    parser.add_argument("--mpirun", default="mpirun",
+                        help="the MPI launcher for ddp's MPI side (default: mpirun on PATH)")
+    parser.add_argument("--no-mpi", action="store_true",
+                        help="leave out ddp's MPI side (a build without DDP_WITH_MPI)")
 
 
 def check_rounds(parser, args):
@@ -48,6 +54,32 @@ def built_programs(driver, build_dir, programs):
 def launch(ddprun, world_size):
     """The ddprun prefix that starts `world_size` ranks with plain output."""
     return [ddprun, "--nproc-per-node", str(world_size), "--no-prefix"]
+
+
+def mpi_launch(driver, mpirun, world_size):
+    """The mpirun prefix that starts `world_size` ranks; the program must be
+    run with DDP_BACKEND=mpi in its environment (see mpi_env). Exits 2 when
+    there is no such launcher. Open MPI's mpirun binds each rank to a core by
+    default for 2 ranks; that is kept, as a user's `mpirun -np 2` gets it."""
+    path = shutil.which(mpirun)
+    if path is None:
+        sys.stderr.write("%s: %s not found; install Open MPI (apt-get install openmpi-bin) or "
+                         "pass --mpirun PATH, or --no-mpi to leave the MPI side out\n"
+                         % (driver, mpirun))
+        sys.exit(2)
+    command = [path, "-np", str(world_size)]
+    version = subprocess.run([path, "--version"], stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                             universal_newlines=True).stdout
+    if "Open MPI" in version and os.geteuid() == 0:
+        command.append("--allow-run-as-root")
+    return command
+
+
+def mpi_env(env):
+    """`env` with ddp's MPI backend chosen (DDP_BACKEND=mpi)."""
+    env = dict(env)
+    env["DDP_BACKEND"] = "mpi"
+    return env
 
 
 def run_side(driver, side, command, env, line_pattern):

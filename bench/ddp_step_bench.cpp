@@ -1,14 +1,16 @@
 // Time of one data-parallel training step on the CPU, ddp's half of a
 // side-by-side benchmark. bench/ddp_step_bench.py is PyTorch's own
 // DistributedDataParallel with the same models, batches and methodology, and
-// bench/run_ddp_step_bench.py runs both and compares them (see
+// bench/run_ddp_step_bench.py runs it, this program on ddp's Gloo and MPI
+// backends, and the step without communication, and compares them (see
 // docs/benchmarks.md).
 //
 // Usage:
 //   build/ddprun --nproc-per-node 2 --no-prefix build/bench/ddp_step_bench
 //       [--model toy|mlp] [--mode ddp|local] [--batch N] [--iters N] [--warmup N]
+//   DDP_BACKEND=mpi mpirun -np 2 build/bench/ddp_step_bench [...]
 // prints on rank 0 one line
-//   ddp_step_bench impl=ddp model=toy mode=ddp world=2 params=165 batch=20 warmup=50 iters=500 median_ms=0.512 p10_ms=0.401 p90_ms=0.733 forward_ms=0.010 backward_ms=0.020 comm_ms=0.300 comm_wait_ms=0.280 overlap=0.05
+//   ddp_step_bench impl=ddp backend=gloo model=toy mode=ddp world=2 params=165 batch=20 warmup=50 iters=500 median_ms=0.512 p10_ms=0.401 p90_ms=0.733 forward_ms=0.010 backward_ms=0.020 comm_ms=0.300 comm_wait_ms=0.280 overlap=0.05
 // (the last six fields, medians over the timed steps of rank 0's
 // `last_iteration_insight()`, only in mode=ddp) and exits 0. It exits 1 if a
 // step fails, and 2 on a bad command line.
@@ -227,9 +229,9 @@ int run(const Config& config) {
                     median(comm_wait_ms), median(overlap));
       insight = buffer;
     }
-    std::printf("ddp_step_bench impl=ddp model=%s mode=%s world=%d params=%lld batch=%lld "
-                "warmup=%lld iters=%lld median_ms=%.3f p10_ms=%.3f p90_ms=%.3f%s\n",
-                config.model.c_str(), config.mode.c_str(), pg->size(),
+    std::printf("ddp_step_bench impl=ddp backend=%s model=%s mode=%s world=%d params=%lld "
+                "batch=%lld warmup=%lld iters=%lld median_ms=%.3f p10_ms=%.3f p90_ms=%.3f%s\n",
+                pg->backend_name().c_str(), config.model.c_str(), config.mode.c_str(), pg->size(),
                 static_cast<long long>(params), static_cast<long long>(config.batch),
                 static_cast<long long>(config.warmup), static_cast<long long>(iters),
                 quantile(sorted, 0.5), quantile(sorted, 0.1), quantile(sorted, 0.9),

@@ -10,7 +10,7 @@ that both halves start the same way, though torchrun works as well):
       bench/ddp_step_bench.py [--model toy|mlp] [--mode ddp|local] [--batch N]
       [--iters N] [--warmup N]
 prints on rank 0 one line
-  ddp_step_bench impl=torch model=toy mode=ddp world=2 params=165 batch=20 warmup=50 iters=500 median_ms=0.512 p10_ms=0.401 p90_ms=0.733
+  ddp_step_bench impl=torch backend=gloo model=toy mode=ddp world=2 params=165 batch=20 warmup=50 iters=500 median_ms=0.512 p10_ms=0.401 p90_ms=0.733
 and exits 0. It exits 2 on a bad command line.
 """
 
@@ -132,7 +132,7 @@ def main():
 
     if rank == 0:
         ordered = sorted(ms.tolist())
-        print("ddp_step_bench impl=torch model=%s mode=%s world=%d params=%d batch=%d "
+        print("ddp_step_bench impl=torch backend=gloo model=%s mode=%s world=%d params=%d batch=%d "
               "warmup=%d iters=%d median_ms=%.3f p10_ms=%.3f p90_ms=%.3f"
               % (config["model"], config["mode"], world, params, config["batch"], warmup,
                  iters, quantile(ordered, 0.5), quantile(ordered, 0.1),

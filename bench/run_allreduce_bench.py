@@ -1,28 +1,32 @@
-"""Runs the allreduce benchmark of ddp and of torch.distributed side by side.
+"""Runs the allreduce benchmark of ddp (MPI and Gloo) and of torch.distributed
+(Gloo) side by side.
 
 Usage (run with Debian's interpreter, which has torch; it builds nothing):
   /usr/bin/python3 bench/run_allreduce_bench.py [BUILD_DIR] [--rounds R]
       [--sizes 4K,1M,...] [--iters N] [--warmup N] [--python PATH]
+      [--mpirun PATH] [--no-mpi]
 BUILD_DIR (default: build) must hold ddprun and bench/allreduce_bench, as
 built by `ninja -C BUILD_DIR ddprun allreduce_bench`.
 
-It launches both halves with our own ddprun, 2 ranks each, so that they start
-the same way: BUILD_DIR/bench/allreduce_bench (ddp) and
-bench/allreduce_bench.py under /usr/bin/python3 (torch.distributed, Gloo).
-Both sweep 4 KiB to 64 MiB of float32 with the same methodology (see the top
-of allreduce_bench.cpp).
+Three sides, 2 ranks each, with the same methodology (see the top of
+allreduce_bench.cpp), each sweeping 4 KiB to 64 MiB of float32:
+  mpi:   BUILD_DIR/bench/allreduce_bench under `mpirun -np 2` with
+         DDP_BACKEND=mpi (ddp's MPI backend; --no-mpi leaves it out);
+  gloo:  the same binary under our ddprun (ddp's Gloo backend);
+  torch: bench/allreduce_bench.py under our ddprun (torch.distributed, Gloo).
 
-Noise: the two halves alternate as whole sweeps, R rounds (default 2), the
-order flipping each round (ddp then torch, torch then ddp, ...), so that
-neither always runs first or last. For each size and side, the reported
-latency is the lowest of its per-round medians: other processes only ever add
-time, so the best round is the one least disturbed. The per-round medians are
-printed too, to show the spread.
+Noise: the sides alternate as whole sweeps, R rounds (default 2), the order
+rotating each round, so that no side always runs first or last. For each size
+and side, the reported latency is the lowest of its per-round medians: other
+processes only ever add time, so the best round is the one least disturbed.
+The per-round medians are printed too, to show the spread.
 
-Prints one table (size, latency of each side and their ratio, bus bandwidth of
-each side and their ratio) and a verdict for each target of the issue:
-  throughput: ddp's bus bandwidth >= torch's at every size of 1 MiB and above;
-  latency:    ddp's latency <= torch's at 4 KiB.
+Prints one table (latency and bus bandwidth of each side, and the ratios to
+torch) and a verdict for each target:
+  MPI latency:     ddp-MPI's latency <= 0.05 x torch's at 4 KiB;
+  MPI throughput:  ddp-MPI's bus bandwidth >= 2 x torch's at 1 MiB and above;
+  Gloo latency:    ddp-Gloo's latency <= torch's at 4 KiB;
+  Gloo throughput: ddp-Gloo's bus bandwidth >= torch's at 1 MiB and above.
 Exits 0 whether or not the targets are met (a benchmark reports, it does not
 fail), 1 if a run fails, 2 on a bad command line or a missing build.
 """
@@ -41,39 +45,47 @@ MIB = 1024 * KIB
 THROUGHPUT_TARGET_MIN_BYTES = 1 * MIB
 LATENCY_TARGET_BYTES = 4 * KIB
 
+# side: (the factor on torch's latency it must stay under at 4 KiB, the
+# factor on torch's bus bandwidth it must reach from 1 MiB on)
+TARGETS = {"mpi": (0.05, 2.0), "gloo": (1.0, 1.0)}
+
 LINE = r"^allreduce_bench (impl=.*)$"
 
 
 def parse_args():
     parser = argparse.ArgumentParser(
-        description="Allreduce latency and bus bandwidth: ddp against torch.distributed (Gloo).")
+        description="Allreduce latency and bus bandwidth: ddp (MPI, Gloo) against "
+                    "torch.distributed (Gloo).")
     bench_common.add_common_arguments(parser, ["bench/allreduce_bench"],
                                       "sweeps of each side, alternating (default: 2)")
-    parser.add_argument("--sizes", help="passed to both halves, e.g. 4K,1M (default: theirs)")
-    parser.add_argument("--iters", help="passed to both halves (default: from the size)")
-    parser.add_argument("--warmup", help="passed to both halves (default: from --iters)")
+    parser.add_argument("--sizes", help="passed to every side, e.g. 4K,1M (default: theirs)")
+    parser.add_argument("--iters", help="passed to every side (default: from the size)")
+    parser.add_argument("--warmup", help="passed to every side (default: from --iters)")
     args = parser.parse_args()
     bench_common.check_rounds(parser, args)
     return args
 
 
-def half_commands(args):
-    """The two launch commands, keyed by side."""
-    ddprun, bench = bench_common.built_programs("run_allreduce_bench.py", args.build_dir,
-                                                ["bench/allreduce_bench"])
+def side_commands(args, env):
+    """{side: (command, environment)} of the sides to run."""
+    driver = "run_allreduce_bench.py"
+    ddprun, bench = bench_common.built_programs(driver, args.build_dir, ["bench/allreduce_bench"])
     extra = []
     for flag in ("sizes", "iters", "warmup"):
         value = getattr(args, flag)
         if value is not None:
             extra += ["--" + flag, value]
     launch = bench_common.launch(ddprun, WORLD_SIZE)
-    return {
-        "ddp": launch + [bench] + extra,
-        "torch": launch + [args.python, os.path.join(HERE, "allreduce_bench.py")] + extra,
-    }
+    sides = {}
+    if not args.no_mpi:
+        sides["mpi"] = (bench_common.mpi_launch(driver, args.mpirun, WORLD_SIZE) + [bench] + extra,
+                        bench_common.mpi_env(env))
+    sides["gloo"] = (launch + [bench] + extra, env)
+    sides["torch"] = (launch + [args.python, os.path.join(HERE, "allreduce_bench.py")] + extra, env)
+    return sides
 
 
-def run_half(side, command, env):
+def run_side(side, command, env):
     """Runs one sweep; returns {bytes: fields} from its result lines."""
     lines = bench_common.run_side("run_allreduce_bench.py", side, command, env, LINE)
     return {int(fields["bytes"]): fields for fields in lines}
@@ -91,72 +103,91 @@ def busbw_gbps(nbytes, seconds):
     return 2.0 * (WORLD_SIZE - 1) / WORLD_SIZE * nbytes / seconds / 1e9
 
 
+def print_verdicts(side, best, sizes):
+    """The two targets of ddp's `side` against torch, from the best medians."""
+    latency_factor, bandwidth_factor = TARGETS[side]
+    name = side.upper() if side == "mpi" else side.capitalize()
+    if LATENCY_TARGET_BYTES in sizes:
+        ours, theirs = best[side][LATENCY_TARGET_BYTES], best["torch"][LATENCY_TARGET_BYTES]
+        ratio = ours / theirs
+        print("%s latency target (ddp-%s <= %.2f x torch at 4 KiB): %s (%.1f us vs %.1f us, "
+              "ratio %.3f)" % (name, side, latency_factor,
+                               "MET" if ratio <= latency_factor else "MISSED",
+                               ours * 1e6, theirs * 1e6, ratio))
+    else:
+        print("%s latency target: not measured (4 KiB not in --sizes)" % name)
+    big = [n for n in sizes if n >= THROUGHPUT_TARGET_MIN_BYTES]
+    if not big:
+        print("%s throughput target: not measured (no size of 1 MiB or more)" % name)
+        return
+    # The bus bandwidth ratio is the inverse of the latency ratio.
+    ratios = {n: best["torch"][n] / best[side][n] for n in big}
+    missed = [n for n in big if ratios[n] < bandwidth_factor]
+    if missed:
+        print("%s throughput target (ddp-%s busbw >= %.1f x torch at >= 1 MiB): MISSED at %s "
+              "(ratio %s)" % (name, side, bandwidth_factor, ", ".join(size_name(n) for n in missed),
+                              ", ".join("%.2f" % ratios[n] for n in missed)))
+    else:
+        print("%s throughput target (ddp-%s busbw >= %.1f x torch at >= 1 MiB): MET (lowest "
+              "ratio %.2f)" % (name, side, bandwidth_factor, min(ratios.values())))
+
+
 def main():
     args = parse_args()
-    commands = half_commands(args)
     env = dict(os.environ)
-    env["OMP_NUM_THREADS"] = "1"  # two ranks share the cores; both halves also set 1 thread
+    env["OMP_NUM_THREADS"] = "1"  # two ranks share the cores; every side also sets 1 thread
+    commands = side_commands(args, env)
+    sides = list(commands)
 
-    print("# allreduce benchmark: ddp vs torch.distributed, Gloo, %d ranks, float32" % WORLD_SIZE)
-    for side in ("ddp", "torch"):
-        print("# %-5s: OMP_NUM_THREADS=1 %s" % (side, shlex.join(commands[side])))
+    print("# allreduce benchmark: %s, %d ranks, float32"
+          % (" vs ".join({"mpi": "ddp-MPI", "gloo": "ddp-Gloo", "torch": "torch-Gloo"}[s]
+                         for s in sides), WORLD_SIZE))
+    for side in sides:
+        command, side_env = commands[side]
+        prefix = "DDP_BACKEND=mpi " if side_env.get("DDP_BACKEND") == "mpi" else ""
+        print("# %-5s: OMP_NUM_THREADS=1 %s%s" % (side, prefix, shlex.join(command)))
     load_before = bench_common.load_average()
-    print("# %d rounds, order flipping each round; cores: %d, load average at start: %.2f"
+    print("# %d rounds, order rotating each round; cores: %d, load average at start: %.2f"
           % (args.rounds, os.cpu_count() or 0, load_before), flush=True)
 
     # medians[side][bytes] = [median seconds of each round]
-    medians = {"ddp": {}, "torch": {}}
+    medians = {side: {} for side in sides}
     for round_index in range(args.rounds):
-        order = ("ddp", "torch") if round_index % 2 == 0 else ("torch", "ddp")
+        shift = round_index % len(sides)
+        order = sides[shift:] + sides[:shift]
         for side in order:
-            for nbytes, fields in run_half(side, commands[side], env).items():
+            command, side_env = commands[side]
+            for nbytes, fields in run_side(side, command, side_env).items():
                 medians[side].setdefault(nbytes, []).append(float(fields["median_us"]) * 1e-6)
-        print("# round %d/%d done (%s first)" % (round_index + 1, args.rounds, order[0]),
+        print("# round %d/%d done (order: %s)" % (round_index + 1, args.rounds, ", ".join(order)),
               flush=True)
     load_after = bench_common.load_average()
 
-    sizes = sorted(set(medians["ddp"]) & set(medians["torch"]))
-    header = ("size", "ddp us", "torch us", "lat ddp/torch",
-              "ddp GB/s", "torch GB/s", "bw ddp/torch")
+    sizes = sorted(set.intersection(*(set(medians[side]) for side in sides)))
+    best = {side: {n: min(medians[side][n]) for n in sizes} for side in sides}
+    ours = [s for s in sides if s != "torch"]
+    header = (["size"] + ["%s us" % s for s in sides] + ["lat %s/torch" % s for s in ours]
+              + ["%s GB/s" % s for s in sides] + ["bw %s/torch" % s for s in ours])
     rows = []
-    best = {}
     for nbytes in sizes:
-        ours, theirs = min(medians["ddp"][nbytes]), min(medians["torch"][nbytes])
-        best[nbytes] = (ours, theirs)
-        ours_bw, theirs_bw = busbw_gbps(nbytes, ours), busbw_gbps(nbytes, theirs)
-        rows.append((size_name(nbytes), "%.1f" % (ours * 1e6), "%.1f" % (theirs * 1e6),
-                     "%.2f" % (ours / theirs), "%.3f" % ours_bw, "%.3f" % theirs_bw,
-                     "%.2f" % (ours_bw / theirs_bw)))
+        row = [size_name(nbytes)]
+        row += ["%.1f" % (best[s][nbytes] * 1e6) for s in sides]
+        row += ["%.3f" % (best[s][nbytes] / best["torch"][nbytes]) for s in ours]
+        row += ["%.3f" % busbw_gbps(nbytes, best[s][nbytes]) for s in sides]
+        row += ["%.2f" % (best["torch"][nbytes] / best[s][nbytes]) for s in ours]
+        rows.append(tuple(row))
     print()
     bench_common.print_table(header, rows)
 
     print()
     print("Per-round medians (us), to show the spread; the table takes the lowest:")
     for nbytes in sizes:
-        print("  %-7s ddp %-40s torch %s" % (
-            size_name(nbytes),
-            " ".join("%.1f" % (s * 1e6) for s in medians["ddp"][nbytes]),
-            " ".join("%.1f" % (s * 1e6) for s in medians["torch"][nbytes])))
+        print("  %-7s %s" % (size_name(nbytes), "   ".join(
+            "%s %s" % (s, " ".join("%.1f" % (t * 1e6) for t in medians[s][nbytes])) for s in sides)))
 
     print()
-    big = [n for n in sizes if n >= THROUGHPUT_TARGET_MIN_BYTES]
-    if big:
-        missed = [n for n in big if best[n][0] > best[n][1]]
-        if missed:
-            print("Throughput target (ddp busbw >= torch at >= 1 MiB): MISSED at %s (ratio %s)"
-                  % (", ".join(size_name(n) for n in missed),
-                     ", ".join("%.2f" % (best[n][1] / best[n][0]) for n in missed)))
-        else:
-            print("Throughput target (ddp busbw >= torch at >= 1 MiB): MET (lowest ratio %.2f)"
-                  % min(best[n][1] / best[n][0] for n in big))
-    else:
-        print("Throughput target (ddp busbw >= torch at >= 1 MiB): not measured (no such size)")
-    if LATENCY_TARGET_BYTES in best:
-        ours, theirs = best[LATENCY_TARGET_BYTES]
-        print("Latency target (ddp latency <= torch at 4 KiB): %s (%.1f us vs %.1f us, ratio %.2f)"
-              % ("MET" if ours <= theirs else "MISSED", ours * 1e6, theirs * 1e6, ours / theirs))
-    else:
-        print("Latency target (ddp latency <= torch at 4 KiB): not measured (4 KiB not in --sizes)")
+    for side in ours:
+        print_verdicts(side, best, sizes)
 
     # The load at the end counts this benchmark's own ranks; the one at the
     # start, taken before any rank ran, is the machine's other work.

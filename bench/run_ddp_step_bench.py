@@ -1,27 +1,38 @@
-"""Runs the DDP training-step benchmark of ddp and of PyTorch side by side.
+"""Runs the DDP training-step benchmark of ddp (MPI and Gloo) and of PyTorch
+side by side.
 
 Usage (run with Debian's interpreter, which has torch; it builds nothing):
   /usr/bin/python3 bench/run_ddp_step_bench.py [BUILD_DIR] [--rounds R]
-      [--models toy,mlp] [--python PATH]
+      [--models toy,mlp] [--sides mpi,local-mpi,...] [--python PATH]
+      [--mpirun PATH] [--no-mpi]
 BUILD_DIR (default: build) must hold ddprun and bench/ddp_step_bench, as
 built by `ninja -C BUILD_DIR ddprun ddp_step_bench`.
 
 For each model (the tutorial ToyModel, and a 25M-parameter MLP; see the top of
-ddp_step_bench.cpp) it launches three runs with our own ddprun, 2 ranks each:
-  ddp    BUILD_DIR/bench/ddp_step_bench --mode ddp     (ddp::DistributedDataParallel)
-  torch  /usr/bin/python3 bench/ddp_step_bench.py      (torch.nn.parallel.DistributedDataParallel)
-  local  BUILD_DIR/bench/ddp_step_bench --mode local   (the plain module, no communication)
+ddp_step_bench.cpp) it launches these runs, 2 ranks each:
+  mpi        DDP_BACKEND=mpi mpirun -np 2 BUILD_DIR/bench/ddp_step_bench --mode ddp
+             (ddp::DistributedDataParallel on ddp's MPI backend)
+  local-mpi  mpirun -np 2 BUILD_DIR/bench/ddp_step_bench --mode local
+             (the plain module, no communication, started as the mpi run is)
+  gloo       ddprun ... BUILD_DIR/bench/ddp_step_bench --mode ddp (ddp's Gloo backend)
+  torch      ddprun ... /usr/bin/python3 bench/ddp_step_bench.py
+             (torch.nn.parallel.DistributedDataParallel, Gloo)
+  local      ddprun ... BUILD_DIR/bench/ddp_step_bench --mode local
+--no-mpi leaves out the first two; --sides picks some (e.g. mpi,local-mpi:
+the pair that the MPI MLP target compares).
 
 Noise: the runs of a model alternate, R rounds (default 2), the order
 rotating each round, so that no side always runs first or last. Each side's
 figure is the lowest of its per-round medians (other processes only ever add
 time); the per-round medians are printed too, to show the spread.
 
-Prints one table (median step time of each side, ddp/torch, and ddp's DDP
-overhead over the same step without communication), ddp's communication
-figures (from last_iteration_insight()), and a verdict per
-target of the issue:
-  toy: ddp's step time <= 0.8 x torch's;  mlp: ddp's step time <= 1.0 x torch's.
+Prints one table (median step time of each side, the ratios to torch, and
+each backend's DDP overhead over the same step without communication, started
+the same way), ddp's communication figures (from last_iteration_insight()),
+and a verdict per target:
+  toy: ddp-MPI's step <= 0.3 x torch's;  ddp-Gloo's step <= 0.8 x torch's;
+  mlp: ddp-MPI's step <= 1.10 x its no-communication step (local-mpi);
+       ddp-Gloo's step <= 1.0 x torch's.
 Exits 0 whether or not the targets are met (a benchmark reports, it does not
 fail), 1 if a run fails, 2 on a bad command line or a missing build.
 """
@@ -36,9 +47,14 @@ import bench_common
 HERE = os.path.dirname(os.path.abspath(__file__))
 WORLD_SIZE = 2
 MODELS = ("toy", "mlp")
-SIDES = ("ddp", "torch", "local")
-# Highest acceptable ddp/torch step-time ratio, per model (from the issue).
-TARGETS = {"toy": 0.8, "mlp": 1.0}
+ALL_SIDES = ("mpi", "local-mpi", "gloo", "torch", "local")
+# (model, side): (the side it is compared with, the highest acceptable ratio).
+TARGETS = {
+    ("toy", "mpi"): ("torch", 0.3),
+    ("toy", "gloo"): ("torch", 0.8),
+    ("mlp", "mpi"): ("local-mpi", 1.10),
+    ("mlp", "gloo"): ("torch", 1.0),
+}
 MODEL_NAMES = {"toy": "ToyModel (165 params, batch 20)",
                "mlp": "MLP 4x2500^2 (25.0M params, batch 8)"}
 
@@ -52,26 +68,40 @@ def parse_args():
                                       "runs of each side per model, alternating (default: 2)")
     parser.add_argument("--models", default=",".join(MODELS),
                         help="comma-separated, from toy,mlp (default: both)")
+    parser.add_argument("--sides", default=",".join(ALL_SIDES),
+                        help="comma-separated, from %s (default: all)" % ",".join(ALL_SIDES))
     args = parser.parse_args()
     bench_common.check_rounds(parser, args)
     args.models = args.models.split(",")
     for model in args.models:
         if model not in MODELS:
             parser.error("--models: unknown model '%s' (expected toy or mlp)" % model)
+    args.sides = args.sides.split(",")
+    for side in args.sides:
+        if side not in ALL_SIDES:
+            parser.error("--sides: unknown side '%s' (expected one of %s)"
+                         % (side, ",".join(ALL_SIDES)))
+        if args.no_mpi and side in ("mpi", "local-mpi"):
+            parser.error("--sides: '%s' needs the MPI side, which --no-mpi leaves out" % side)
     return args
 
 
-def side_commands(args, model):
-    """The three launch commands of one model, keyed by side."""
-    ddprun, bench = bench_common.built_programs("run_ddp_step_bench.py", args.build_dir,
-                                                ["bench/ddp_step_bench"])
+def side_commands(args, model, env):
+    """{side: (command, environment)} of one model."""
+    driver = "run_ddp_step_bench.py"
+    ddprun, bench = bench_common.built_programs(driver, args.build_dir, ["bench/ddp_step_bench"])
     launch = bench_common.launch(ddprun, WORLD_SIZE)
-    return {
-        "ddp": launch + [bench, "--model", model, "--mode", "ddp"],
-        "torch": launch + [args.python, os.path.join(HERE, "ddp_step_bench.py"),
-                           "--model", model, "--mode", "ddp"],
-        "local": launch + [bench, "--model", model, "--mode", "local"],
-    }
+    sides = {}
+    if not args.no_mpi:
+        mpirun = bench_common.mpi_launch(driver, args.mpirun, WORLD_SIZE)
+        mpi_env = bench_common.mpi_env(env)
+        sides["mpi"] = (mpirun + [bench, "--model", model, "--mode", "ddp"], mpi_env)
+        sides["local-mpi"] = (mpirun + [bench, "--model", model, "--mode", "local"], mpi_env)
+    sides["gloo"] = (launch + [bench, "--model", model, "--mode", "ddp"], env)
+    sides["torch"] = (launch + [args.python, os.path.join(HERE, "ddp_step_bench.py"),
+                                "--model", model, "--mode", "ddp"], env)
+    sides["local"] = (launch + [bench, "--model", model, "--mode", "local"], env)
+    return sides
 
 
 def run_side(side, command, env):
@@ -82,29 +112,34 @@ def run_side(side, command, env):
 def main():
     args = parse_args()
     env = dict(os.environ)
-    env["OMP_NUM_THREADS"] = "1"  # two ranks share the cores; both sides also set 1 thread
-    commands = {model: side_commands(args, model) for model in args.models}
+    env["OMP_NUM_THREADS"] = "1"  # two ranks share the cores; every side also sets 1 thread
+    commands = {model: side_commands(args, model, env) for model in args.models}
+    sides = [side for side in ALL_SIDES
+             if side in commands[args.models[0]] and side in args.sides]
 
-    print("# DDP training step: ddp vs PyTorch DDP, Gloo, %d ranks, 1 thread each, CPU"
-          % WORLD_SIZE)
+    print("# DDP training step: ddp (%s) vs PyTorch DDP (Gloo), %d ranks, 1 thread each, CPU"
+          % ("MPI, Gloo" if "mpi" in sides else "Gloo", WORLD_SIZE))
     for model in args.models:
-        for side in SIDES:
-            print("# %-3s %-5s: OMP_NUM_THREADS=1 %s"
-                  % (model, side, shlex.join(commands[model][side])))
+        for side in sides:
+            command, side_env = commands[model][side]
+            prefix = "DDP_BACKEND=mpi " if side_env.get("DDP_BACKEND") == "mpi" else ""
+            print("# %-3s %-9s: OMP_NUM_THREADS=1 %s%s"
+                  % (model, side, prefix, shlex.join(command)))
     load_before = bench_common.load_average()
     print("# %d rounds, order rotating each round; cores: %d, load average at start: %.2f"
           % (args.rounds, os.cpu_count() or 0, load_before), flush=True)
 
     # results[model][side] = [fields of each round]
-    results = {model: {side: [] for side in SIDES} for model in args.models}
+    results = {model: {side: [] for side in sides} for model in args.models}
     loads = []
     for round_index in range(args.rounds):
-        shift = round_index % len(SIDES)
-        order = SIDES[shift:] + SIDES[:shift]
+        shift = round_index % len(sides)
+        order = sides[shift:] + sides[:shift]
         for model in args.models:
             for side in order:
                 loads.append(bench_common.load_average())
-                results[model][side].append(run_side(side, commands[model][side], env))
+                command, side_env = commands[model][side]
+                results[model][side].append(run_side(side, command, side_env))
         print("# round %d/%d done (%s first), load average %.2f"
               % (round_index + 1, args.rounds, order[0], bench_common.load_average()), flush=True)
     load_after = bench_common.load_average()
@@ -112,13 +147,19 @@ def main():
     def best(model, side):
         return min(float(r["median_ms"]) for r in results[model][side])
 
-    header = ("model", "ddp ms", "torch ms", "ddp/torch", "ddp no-comm ms",
-              "DDP overhead (ddp/no-comm)")
+    ours = [side for side in ("mpi", "gloo") if side in sides]
+    baseline = {"mpi": "local-mpi", "gloo": "local"}
+    to_torch = [side for side in ours if "torch" in sides]
+    to_local = [side for side in ours if baseline[side] in sides]
+    header = (["model"] + ["%s ms" % side for side in sides]
+              + ["%s/torch" % side for side in to_torch]
+              + ["%s/%s" % (side, baseline[side]) for side in to_local])
     rows = []
     for model in args.models:
-        ours, theirs, local = best(model, "ddp"), best(model, "torch"), best(model, "local")
-        rows.append((MODEL_NAMES[model], "%.3f" % ours, "%.3f" % theirs, "%.2f" % (ours / theirs),
-                     "%.3f" % local, "%.2f" % (ours / local)))
+        row = [MODEL_NAMES[model]] + ["%.3f" % best(model, side) for side in sides]
+        row += ["%.2f" % (best(model, side) / best(model, "torch")) for side in to_torch]
+        row += ["%.2f" % (best(model, side) / best(model, baseline[side])) for side in to_local]
+        rows.append(tuple(row))
     print()
     bench_common.print_table(header, rows)
 
@@ -127,23 +168,31 @@ def main():
     for model in args.models:
         print("  %-4s %s" % (model, "   ".join(
             "%s %s" % (side, " ".join(r["median_ms"] for r in results[model][side]))
-            for side in SIDES)))
+            for side in sides)))
 
     print()
     print("ddp's step, rank 0, medians over the timed steps of last_iteration_insight(), "
           "per round:")
     for model in args.models:
-        for r in results[model]["ddp"]:
-            print("  %-4s step %s ms: forward %s ms, backward window %s ms, communication %s ms "
-                  "(%.0f%% overlapped with backward), waited %s ms at the end of backward"
-                  % (model, r["median_ms"], r["forward_ms"], r["backward_ms"], r["comm_ms"],
-                     100 * float(r["overlap"]), r["comm_wait_ms"]))
+        for side in ours:
+            for r in results[model][side]:
+                print("  %-4s %-4s step %s ms: forward %s ms, backward window %s ms, "
+                      "communication %s ms (%.0f%% overlapped with backward), waited %s ms at "
+                      "the end of backward"
+                      % (model, side, r["median_ms"], r["forward_ms"], r["backward_ms"],
+                         r["comm_ms"], 100 * float(r["overlap"]), r["comm_wait_ms"]))
 
     print()
     for model in args.models:
-        ratio = best(model, "ddp") / best(model, "torch")
-        print("%s target (ddp step <= %.1f x torch): %s (ratio %.2f)"
-              % (model, TARGETS[model], "MET" if ratio <= TARGETS[model] else "MISSED", ratio))
+        for side in ours:
+            other, limit = TARGETS[(model, side)]
+            if other not in sides:
+                print("%s target (ddp-%s step <= %.2f x %s): not measured (--sides)"
+                      % (model, side, limit, other))
+                continue
+            ratio = best(model, side) / best(model, other)
+            print("%s target (ddp-%s step <= %.2f x %s): %s (ratio %.2f)"
+                  % (model, side, limit, other, "MET" if ratio <= limit else "MISSED", ratio))
 
     print("Load average: %.2f before the first run, %.2f to %.2f between runs, %.2f after "
           "the last, on %d cores." % (load_before, min(loads), max(loads), load_after,

@@ -19,7 +19,10 @@
 
 set -euo pipefail
 
-readonly packages=(libtorch-dev libgloo-dev libgtest-dev cmake ninja-build g++ python3-torch)
+# libopenmpi-dev and openmpi-bin: the MPI backend (ProcessGroupMPI) and the
+# mpirun that its tests and benchmarks start jobs with.
+readonly packages=(libtorch-dev libgloo-dev libgtest-dev cmake ninja-build g++ python3-torch
+                   libopenmpi-dev openmpi-bin)
 
 say() {
   echo "setup.sh: $*"
@@ -60,7 +63,7 @@ fi
 command -v dpkg-query >/dev/null 2>&1 ||
   die "dpkg-query not found: this script installs Debian packages with apt-get. On another \
 system install ${packages[*]} (or their equivalents: LibTorch 1.13, Gloo, GoogleTest, CMake >= 3.18, \
-Ninja, a C++17 compiler) and run: cmake -S . -B build -G Ninja -DCMAKE_BUILD_TYPE=Release && ninja -C build"
+Ninja, a C++17 compiler, an MPI with mpirun) and run: cmake -S . -B build -G Ninja -DCMAKE_BUILD_TYPE=Release && ninja -C build"
 
 missing=()
 for package in "${packages[@]}"; do
@@ -102,10 +105,13 @@ fi
 extra_args=(${DDP_CMAKE_ARGS:-})
 # Tests, examples and benchmarks are named ON explicitly: a build directory
 # configured earlier with any of them OFF would otherwise keep it OFF from its
-# cache, and test.sh would then run stale or missing tests.
-say "configuring $build_dir (Release, Ninja, with tests, examples and benchmarks)"
+# cache, and test.sh would then run stale or missing tests. So is the MPI
+# backend: the packages above provide it, and ON makes a missing MPI an error
+# here rather than a backend silently left out.
+say "configuring $build_dir (Release, Ninja, with tests, examples, benchmarks and the MPI backend)"
 run cmake -S . -B "$build_dir" -G Ninja -DCMAKE_BUILD_TYPE=Release \
-  -DDDP_BUILD_TESTS=ON -DDDP_BUILD_EXAMPLES=ON -DDDP_BUILD_BENCHMARKS=ON "${extra_args[@]}"
+  -DDDP_BUILD_TESTS=ON -DDDP_BUILD_EXAMPLES=ON -DDDP_BUILD_BENCHMARKS=ON -DDDP_WITH_MPI=ON \
+  "${extra_args[@]}"
 
 # ---- 3. Build -------------------------------------------------------------------
 step="building $build_dir"

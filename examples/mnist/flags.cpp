@@ -47,6 +47,8 @@ const char* usage() {
          "  --seed N               seed of the data, the parameters and the shuffle (default 1)\n"
          "  --checkpoint-dir DIR   save a checkpoint there after every epoch (default: none)\n"
          "  --resume               continue from the newest checkpoint in --checkpoint-dir\n"
+         "                         (implied when a launcher restarted the job: ddprun\n"
+         "                         --max-restarts, torchrun --max-restarts)\n"
          "  --csv PATH             rank 0 writes one row of metrics per epoch there\n"
          "  --stop-after-epoch N   exit right after saving epoch N's checkpoint\n"
          "  -h, --help             print this and exit\n";

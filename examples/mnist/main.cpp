@@ -16,7 +16,8 @@
 //   ...
 //   [rank 0]: epoch 3/3: train loss 0.1145, test accuracy 0.9660 (966/1000), 1501 samples/s, 4.3s; saved /tmp/mnist_ckpt/epoch-3.pt
 //   [rank 0]: final parameters: checksum 03f14c9a655ef1be (21840 values); they agree across 2 ranks (max difference 0)
-// Add --resume to continue from the newest checkpoint, --data DIR to read
+// Add --resume to continue from the newest checkpoint (implied when the
+// launcher restarted the job: ddprun --max-restarts 3 ...), --data DIR to read
 // MNIST's IDX files, --help for every flag. Run with no launcher, it trains
 // alone as a world of size 1. Each rank uses cuda:<LOCAL_RANK> when CUDA is
 // available, else the CPU. Exit status: 0 when trained, 1 on an error
@@ -26,9 +27,12 @@
 #include <torch/torch.h>
 
 #include <dirent.h>
+#include <signal.h>
 #include <sys/stat.h>
+#include <unistd.h>
 
 #include <cerrno>
+#include <cstdlib>
 #include <cstring>
 
 #include <cstdio>
@@ -195,6 +199,57 @@ void remove_other_checkpoints(const std::string& dir, int64_t keep) {
   ::closedir(listing);
 }
 
+// ---- Restarts ------------------------------------------------------------------------
+//
+// A launcher that restarts a failed job (ddprun --max-restarts N, torchrun
+// --max-restarts N) starts every rank again with the number of restarts so
+// far in DDP_RESTART_COUNT (ddprun) and TORCHELASTIC_RESTART_COUNT (both).
+// When it is above 0 the job was restarted, and resumes from its newest
+// checkpoint as if --resume had been given.
+
+int64_t restart_count_from_env() {
+  for (const char* name : {"DDP_RESTART_COUNT", "TORCHELASTIC_RESTART_COUNT"}) {
+    const char* value = std::getenv(name);
+    if (value == nullptr || *value == '\0') {
+      continue;
+    }
+    char* end = nullptr;
+    const long long count = std::strtoll(value, &end, 10);
+    if (*end != '\0' || count < 0) {
+      throw FlagError(std::string(name) + " must be an integer >= 0 (got '" + value + "')");
+    }
+    return count;
+  }
+  return 0;
+}
+
+// Tests only (tests/examples/run_mnist_train_test.sh, mode restart):
+// MNIST_TRAIN_TEST_CRASH=RANK:EPOCH:STEP makes that rank kill itself with
+// SIGKILL after that step of the first attempt, as a crashed rank would die,
+// so that the test can check that a restart resumes to the same result.
+struct TestCrash {
+  int rank = -1;
+  int64_t epoch = 0;
+  int64_t step = 0;
+};
+
+std::optional<TestCrash> test_crash_from_env(int64_t restart_count) {
+  const char* value = std::getenv("MNIST_TRAIN_TEST_CRASH");
+  if (value == nullptr || restart_count > 0) {
+    return std::nullopt;
+  }
+  TestCrash crash;
+  long long epoch = 0;
+  long long step = 0;
+  if (std::sscanf(value, "%d:%lld:%lld", &crash.rank, &epoch, &step) != 3) {
+    throw FlagError(std::string("MNIST_TRAIN_TEST_CRASH must be RANK:EPOCH:STEP (got '") +
+                    value + "')");
+  }
+  crash.epoch = epoch;
+  crash.step = step;
+  return crash;
+}
+
 // ---- Metrics ---------------------------------------------------------------------
 
 const char* const kCsvHeader = "epoch,train_loss,test_accuracy,samples_per_s,seconds";
@@ -289,8 +344,10 @@ std::string parameter_checksum(const torch::nn::Module& module, int64_t* values)
 
 // ---- Training --------------------------------------------------------------------------
 
-int train(const Flags& flags, const ddp::WorldInfo& world, torch::Device device) {
+int train(const Flags& flags, const ddp::WorldInfo& world, torch::Device device,
+          int64_t restart_count) {
   const bool is_rank0 = world.rank == 0;
+  const std::optional<TestCrash> test_crash = test_crash_from_env(restart_count);
 
   // The same data on every rank: read from the same files, or generated from
   // the same seed. The sampler then gives each rank its share.
@@ -320,6 +377,13 @@ int train(const Flags& flags, const ddp::WorldInfo& world, torch::Device device)
   int64_t completed_epochs = 0;
   std::string prepare_error;
   if (is_rank0) {
+    if (restart_count > 0) {
+      std::printf("mnist_train: the launcher restarted the job (restart %lld): %s\n",
+                  static_cast<long long>(restart_count),
+                  flags.checkpoint_dir.empty()
+                      ? "no --checkpoint-dir to resume from, so training starts over"
+                      : "resuming from the newest checkpoint, as with --resume");
+    }
     try {
       if (!flags.checkpoint_dir.empty()) {
         make_directories(flags.checkpoint_dir);
@@ -440,6 +504,14 @@ int train(const Flags& flags, const ddp::WorldInfo& world, torch::Device device)
       loss_sum += loss.detach().to(torch::kDouble) * static_cast<double>(n);
       samples += n;
       ++step;
+      if (test_crash && test_crash->rank == world.rank && test_crash->epoch == epoch &&
+          test_crash->step == step) {
+        std::printf("mnist_train: rank %d kills itself after epoch %lld step %lld "
+                    "(MNIST_TRAIN_TEST_CRASH)\n",
+                    world.rank, static_cast<long long>(epoch), static_cast<long long>(step));
+        std::fflush(stdout);
+        ::kill(::getpid(), SIGKILL);
+      }
       if (is_rank0 && progress.due(step)) {
         // Rank 0's own loss: averaging it across ranks at every step would
         // cost a collective per step; the epoch's line below has the mean.
@@ -520,10 +592,14 @@ int main(int argc, char** argv) {
   // Under a launcher stdout is a pipe: print each line as it is written.
   std::setvbuf(stdout, nullptr, _IOLBF, 0);
   try {
-    const Flags flags = mnist::parse_flags(argc, argv);
+    Flags flags = mnist::parse_flags(argc, argv);
     if (flags.help) {
       std::fputs(mnist::usage(), stdout);
       return 0;
+    }
+    const int64_t restart_count = restart_count_from_env();
+    if (restart_count > 0 && !flags.checkpoint_dir.empty()) {
+      flags.resume = true; // see "Restarts" above
     }
     ddp::WorldInfo world;
     try {
@@ -532,7 +608,7 @@ int main(int argc, char** argv) {
       throw FlagError(e.what_without_backtrace()); // a malformed RANK, WORLD_SIZE, ...
     }
     const torch::Device device = pick_device(world);
-    return train(flags, world, device);
+    return train(flags, world, device, restart_count);
   } catch (const FlagError& e) {
     std::fprintf(stderr, "mnist_train: %s\nRun 'mnist_train --help' for the flags.\n", e.what());
     return 2;

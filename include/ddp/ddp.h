@@ -9,8 +9,10 @@
 #include <ddp/comm/process_group.h>
 #include <ddp/comm/process_group_composite.h>
 #include <ddp/comm/process_group_gloo.h>
+#include <ddp/comm/process_group_mpi.h>
 #include <ddp/store/store.h>
 #include <ddp/store/tcp_store.h>
+#include <ddp/store/torch_tcp_store.h>
 #include <ddp/comm/types.h>
 #include <ddp/comm/work.h>
 #include <ddp/data/distributed_sampler.h>
@@ -19,3 +21,4 @@
 #include <ddp/nn/comm_hooks.h>
 #include <ddp/nn/distributed_data_parallel.h>
 #include <ddp/nn/join.h>
+#include <ddp/nn/sync_batch_norm.h>

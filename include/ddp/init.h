@@ -16,17 +16,24 @@ namespace ddp {
 
 /// Which communication backend a process group uses.
 enum class Backend {
-  /// With NCCL in this build and a CUDA device present, a
-  /// `CompositeProcessGroup` of Gloo for CPU tensors and NCCL for CUDA tensors
-  /// (PyTorch 2.x's "cpu:gloo,cuda:nccl"); otherwise Gloo.
+  /// The backend named by the environment variable DDP_BACKEND (gloo, nccl
+  /// or mpi) when it is set, so that one binary runs under ddprun with Gloo
+  /// and under `DDP_BACKEND=mpi mpirun` with MPI. Otherwise: with NCCL in
+  /// this build and a CUDA device present, a `CompositeProcessGroup` of Gloo
+  /// for CPU tensors and NCCL for CUDA tensors (PyTorch 2.x's
+  /// "cpu:gloo,cuda:nccl"); else Gloo.
   kAuto,
   /// Gloo: CPU tensors (CUDA tensors are staged through host memory).
   kGloo,
   /// NCCL: CUDA tensors, one GPU per process.
   kNccl,
+  /// MPI (`ProcessGroupMPI`): the job is started by mpirun or srun, which
+  /// give the rank and size; no store and no MASTER_ADDR. In a ddp built
+  /// with MPI (`DDP_WITH_MPI`).
+  kMpi,
 };
 
-/// "auto", "gloo" or "nccl".
+/// "auto", "gloo", "nccl" or "mpi".
 std::string to_string(Backend backend);
 
 /// Options of `init_process_group`.
@@ -66,15 +73,18 @@ struct WorldInfo {
 /// absent, Slurm's SLURM_PROCID/SLURM_NTASKS/SLURM_LOCALID, then Open MPI's
 /// OMPI_COMM_WORLD_*; with none of them, a world of size 1. Throws one
 /// `c10::Error` that lists what was found and what is needed when a variable
-/// is malformed, out of range or missing.
+/// is malformed, out of range or missing (MASTER_ADDR and MASTER_PORT are
+/// not needed with DDP_BACKEND=mpi).
 WorldInfo world_info_from_env();
 
 /// Creates the default process group from the environment (env://): a
 /// TCPStore at MASTER_ADDR:MASTER_PORT served by rank 0, then the backend's
-/// rendezvous through it. With no launcher variables set at all, forms a
-/// world of size 1 without touching the network, so the same program runs
-/// alone. Returns the group, which stays the default until
-/// `destroy_process_group()`. Throws if a default group already exists.
+/// rendezvous through it. With the MPI backend (`Backend::kMpi`, or
+/// DDP_BACKEND=mpi with `kAuto`), MPI's own world instead, and no store.
+/// With no launcher variables set at all, forms a world of size 1 without
+/// touching the network, so the same program runs alone. Returns the group,
+/// which stays the default until `destroy_process_group()`. Throws if a
+/// default group already exists.
 std::shared_ptr<ProcessGroup> init_process_group(const InitOptions& options = {});
 
 /// Creates the default process group over an explicit `store`.

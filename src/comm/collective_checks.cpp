@@ -6,6 +6,13 @@
 
 namespace ddp::internal {
 
+void check_strided(const at::Tensor& t, const std::string& who, const std::string& what,
+                   const char* sparse_rule) {
+  DDP_CHECK(!t.is_sparse(), who, ": ", what, " is sparse; ", sparse_rule);
+  DDP_CHECK(t.layout() == at::kStrided, who, ": ", what, " has layout ", t.layout(),
+            "; collectives take dense (strided) tensors");
+}
+
 void check_root(int root, int size, const std::string& who) {
   DDP_CHECK(root >= 0 && root < size, who, ": root rank ", root,
             " is out of range for world size ", size);
@@ -144,6 +151,15 @@ void check_coalesced(const std::vector<at::Tensor>& tensors, const std::string& 
                 tensors[i].device(), ", expected ", tensors[0].device(), " like tensors[0]");
     }
   }
+}
+
+void check_sparse_allreduce(const at::Tensor& tensor, ReduceOp op, const std::string& who,
+                            const TensorRules& rules) {
+  DDP_INTERNAL_ASSERT(rules.check_sparse != nullptr, who, ": a sparse allreduce on a backend without one");
+  rules.check_sparse(tensor, who, "tensor");
+  DDP_CHECK(op == ReduceOp::kSum, who, ": ", to_string(op),
+            " is not defined for a sparse tensor; a sparse allreduce adds up every rank's entries "
+            "(use SUM)");
 }
 
 void check_point_to_point(const at::Tensor& tensor, int peer, int tag, int rank, int size,

@@ -17,6 +17,8 @@
 #include <string>
 #include <vector>
 
+#include <ddp/comm/types.h>
+
 namespace ddp::internal {
 
 // Checks one tensor argument named `what` ("tensor", "outputs[2]").
@@ -40,6 +42,14 @@ void check_one_per_rank(const std::vector<at::Tensor>& list, int size, const std
 void check_root_only_list(const std::vector<at::Tensor>& list, int rank, int root, int size,
                           const std::string& who, const char* what, ElementCheck check_element);
 
+// `t` (named `what`) is dense (strided), which is checked before anything
+// that a sparse tensor cannot answer (contiguity). `sparse_rule` finishes
+// the message about a sparse COO tensor: what the backend does with them
+// ("the Gloo backend reduces sparse tensors only in allreduce, one tensor
+// per call").
+void check_strided(const at::Tensor& t, const std::string& who, const std::string& what,
+                   const char* sparse_rule);
+
 // What one backend accepts; a backend keeps one constant of it.
 struct TensorRules {
   // The backend's check of one tensor argument (device, dtype, layout);
@@ -49,6 +59,10 @@ struct TensorRules {
   // first tensor, and this says why in the message ("the NCCL backend drives
   // one GPU per process").
   const char* one_device_reason = nullptr;
+  // The backend's check of a sparse COO tensor argument, in the one
+  // operation that takes them (allreduce); null when the backend reduces no
+  // sparse tensor, and `check` refuses them everywhere.
+  void (*check_sparse)(const at::Tensor& t, const std::string& who, const std::string& what) = nullptr;
 };
 
 // `t` (named `what`) passes the rules and matches `reference` as
@@ -86,6 +100,12 @@ void check_alltoall(const at::Tensor& output, const at::Tensor& input, int size,
 // "tensors[i]".
 void check_coalesced(const std::vector<at::Tensor>& tensors, const std::string& who,
                      const TensorRules& rules);
+
+// allreduce of one sparse COO tensor, for a backend whose rules have
+// check_sparse: the tensor passes it, and `op` is SUM (a sparse allreduce
+// gathers every rank's entries and adds them up).
+void check_sparse_allreduce(const at::Tensor& tensor, ReduceOp op, const std::string& who,
+                            const TensorRules& rules);
 
 // send and recv: `peer` is another rank, named by `role` ("destination",
 // "source"); the tag is non-negative.

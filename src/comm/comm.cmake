@@ -6,6 +6,8 @@ ddp_add_part(ddp_comm
   src/comm/work.cpp
   src/comm/process_group.cpp
   src/comm/process_group_composite.cpp
+  src/comm/monitored_barrier.cpp
+  src/comm/fingerprint.cpp
   src/comm/collective_checks.cpp
   src/comm/reduce_kernels.cpp
   src/comm/init.cpp)
@@ -13,3 +15,4 @@ target_precompile_headers(ddp_comm PRIVATE <ATen/ATen.h>)
 
 include(src/comm/gloo/gloo.cmake)
 include(src/comm/nccl/nccl.cmake)
+include(src/comm/mpi/mpi.cmake)

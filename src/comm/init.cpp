@@ -3,22 +3,34 @@
 
 #include <ddp/init.h>
 
+#include <algorithm>
+#include <atomic>
+#include <chrono>
 #include <cstdlib>
 #include <map>
 #include <mutex>
 #include <optional>
+#include <thread>
 #include <vector>
 
 #include <ddp/store/hash_store.h>
 #include <ddp/comm/process_group_composite.h>
 #include <ddp/comm/process_group_gloo.h>
+#ifdef DDP_WITH_MPI
+#include <ddp/comm/process_group_mpi.h>
+#endif
+#include <ddp/store/prefix_store.h>
 #include <ddp/store/tcp_store.h>
+#include <ddp/store/torch_tcp_store.h>
 #ifdef DDP_WITH_NCCL
 #include <ddp/comm/process_group_nccl.h>
 #endif
 
+#include <ddp/comm/error.h>
+
 #include "internal/check.h"
 #include "internal/env.h"
+#include "internal/logging.h"
 
 namespace ddp {
 
@@ -30,6 +42,8 @@ std::string to_string(Backend backend) {
       return "gloo";
     case Backend::kNccl:
       return "nccl";
+    case Backend::kMpi:
+      return "mpi";
   }
   return "unknown";
 }
@@ -97,12 +111,35 @@ class EnvReport {
 
 constexpr int kMaxWorld = 1 << 20;
 
+// The backend that `requested` means: DDP_BACKEND's when `requested` is
+// kAuto and the variable names one. Throws when it names none.
+Backend resolve_backend(Backend requested) {
+  const auto name = internal::env_get(internal::kEnvBackend);
+  if (requested != Backend::kAuto || !name || name->empty() || *name == "auto") {
+    return requested;
+  }
+  for (Backend backend : {Backend::kGloo, Backend::kNccl, Backend::kMpi}) {
+    if (*name == to_string(backend)) {
+      return backend;
+    }
+  }
+  DDP_CHECK(false, "init_process_group: DDP_BACKEND='", *name,
+            "' names no backend; use gloo, nccl or mpi (or auto, or leave it unset)");
+  return requested;
+}
+
+// MPI's launcher gives the world itself: no rendezvous address is needed.
+bool env_asks_for_mpi() {
+  return internal::env_get(internal::kEnvBackend).value_or("") == "mpi";
+}
+
 void read_master(EnvReport& report, WorldInfo& info) {
   auto addr = report.read(internal::kEnvMasterAddr);
   auto port = report.read_int(internal::kEnvMasterPort, 1, 65535, false);
-  if (info.world_size > 1) {
+  if (info.world_size > 1 && !env_asks_for_mpi()) {
     if (!addr || addr->empty()) {
-      report.problem("MASTER_ADDR is not set (needed when WORLD_SIZE > 1)");
+      report.problem("MASTER_ADDR is not set (needed when WORLD_SIZE > 1; under mpirun or srun, "
+                     "DDP_BACKEND=mpi needs none)");
     }
     if (!port && !internal::env_get(internal::kEnvMasterPort)) {
       report.problem("MASTER_PORT is not set (needed when WORLD_SIZE > 1)");
@@ -165,10 +202,125 @@ std::shared_ptr<ProcessGroup>& default_group_slot() {
   return group;
 }
 
+// Note [Re-initialising on one port]
+// With env://, rank 0 serves a TCPStore on MASTER_PORT, and a program may
+// destroy the default group and create it again on the same port, as often
+// as it likes. Nothing orders one rank's destroy after another's: a rank
+// quick to destroy and init again could reach rank 0's previous server
+// (still serving, or closing), start the new rendezvous there and lose the
+// connection when rank 0 closes it; and rank 0 could close its server while
+// a slower rank still reads the previous rendezvous's keys. So:
+// - every init_process_group() that makes a TCPStore is a numbered *round*
+//   of this process (the same count on every rank, as groups are numbered).
+//   Rank 0's new server holds the key ddp/env/<round>/open before anyone
+//   else can use it, and the other ranks begin the rendezvous only after
+//   reading that key, which no earlier round's server has. A connection that
+//   an earlier round's server drops under them (a lost connection, or a
+//   handshake reset by a listener that is closing) is retried with a fresh
+//   client until the deadline;
+// - rank 0 owns the server apart from the group (EnvStore) and closes it in
+//   destroy_process_group(), even if something still holds the group, but
+//   first waits, for a bounded while, until every other rank has set
+//   ddp/env/<round>/joined/<rank>, which each does once its rendezvous has
+//   returned.
+// The listener has SO_REUSEADDR (store/socket.cpp), so that the old
+// server's connections in TIME_WAIT do not keep the next one from binding.
+struct EnvStore {
+  std::unique_ptr<TCPStoreServer> server; // rank 0 only
+  std::shared_ptr<TCPStore> store;        // declared after the server: closed before it
+  int rank = 0;
+  int world_size = 1;
+  int round = 0;
+  std::chrono::milliseconds timeout{0};
+};
+
+// The EnvStore of the default group, when init_process_group() made one.
+std::unique_ptr<EnvStore>& env_store_slot() {
+  static std::unique_ptr<EnvStore> env_store; // guarded by default_group_mutex()
+  return env_store;
+}
+
+// How long rank 0's destroy_process_group() keeps serving for ranks still
+// in the rendezvous (normally none: each joined long before).
+constexpr std::chrono::milliseconds kMaxJoinWait{60000};
+// Between two attempts to reach this round's server.
+constexpr std::chrono::milliseconds kReconnectPause{20};
+
+std::string env_round_key(int round, const std::string& what) {
+  return c10::str("ddp/env/", round, "/", what);
+}
+
+// See Note [Re-initialising on one port].
+std::unique_ptr<EnvStore> connect_env_store(const WorldInfo& info, std::chrono::milliseconds timeout) {
+  static std::atomic<int> rounds{0};
+  auto env = std::make_unique<EnvStore>();
+  env->rank = info.rank;
+  env->world_size = info.world_size;
+  env->round = ++rounds;
+  env->timeout = timeout;
+  const std::string open_key = env_round_key(env->round, "open");
+  const auto store_options =
+      TCPStoreOptions().port(static_cast<uint16_t>(info.master_port)).timeout(timeout);
+  if (info.rank == 0) {
+    env->server = std::make_unique<TCPStoreServer>(TCPStoreServerOptions().port(info.master_port));
+    env->store = std::make_shared<TCPStore>(info.master_addr, store_options);
+    env->store->set(open_key, "1");
+    return env;
+  }
+  const auto deadline = std::chrono::steady_clock::now() + timeout;
+  for (;;) {
+    try {
+      auto store = std::make_shared<TCPStore>(info.master_addr, store_options);
+      const auto left = std::chrono::duration_cast<std::chrono::milliseconds>(
+          deadline - std::chrono::steady_clock::now());
+      store->wait({open_key}, std::max(left, std::chrono::milliseconds(0)));
+      env->store = std::move(store);
+      return env;
+    } catch (const TimeoutError& e) {
+      throw TimeoutError(c10::str(
+          "[rank ", info.rank, "/", info.world_size, "] init_process_group: the store server at ",
+          info.master_addr, ":", info.master_port, " did not serve this process's round ",
+          env->round, " of init_process_group() in time: rank 0 has not started it (every rank "
+          "must call init_process_group() as often as rank 0), or an earlier round's server is "
+          "still up there because rank 0 has not called destroy_process_group(). The store "
+          "said: ", e.what()));
+    } catch (const IoError&) {
+      // In the first round there is no earlier server to meet: a real error.
+      if (env->round == 1 || std::chrono::steady_clock::now() + kReconnectPause >= deadline) {
+        throw;
+      }
+    }
+    std::this_thread::sleep_for(kReconnectPause);
+  }
+}
+
+// A ProcessGroupMPI over MPI's whole world. `rank` and `world_size`, when
+// not -1, are what the caller expects MPI's world to be.
+std::shared_ptr<ProcessGroup> create_mpi_group(const InitOptions& options, int rank, int world_size) {
+  const std::string asked = options.backend() == Backend::kMpi ? "Backend::kMpi" : "DDP_BACKEND=mpi";
+#ifdef DDP_WITH_MPI
+  auto group = ProcessGroupMPI::create(ProcessGroupMPIOptions().timeout(options.timeout()));
+  DDP_CHECK(rank < 0 || (group->rank() == rank && group->size() == world_size),
+            "init_process_group: ", asked, ": the MPI backend's rank and world size are MPI's (rank ",
+            group->rank(), " of ", group->size(), "), but rank ", rank, " of ", world_size,
+            " was asked for; pass MPI's, or use Backend::kGloo for a group over a store");
+  return group;
+#else
+  DDP_CHECK(false, "init_process_group: ", asked,
+            ": this ddp was built without the MPI backend (CMake found no MPI: install an MPI "
+            "with its headers, e.g. Debian's libopenmpi-dev, and configure with -DDDP_WITH_MPI=ON); "
+            "use the Gloo backend (leave DDP_BACKEND unset) under ddprun or torchrun");
+  return nullptr;
+#endif
+}
+
 std::shared_ptr<ProcessGroup> create_group(std::shared_ptr<Store> store, int rank, int world_size,
                                            const InitOptions& options, const std::string& master_addr) {
   DDP_CHECK(store != nullptr, "init_process_group: the store is null");
-  Backend backend = options.backend();
+  Backend backend = resolve_backend(options.backend());
+  if (backend == Backend::kMpi) {
+    return create_mpi_group(options, rank, world_size); // MPI needs no store
+  }
   const auto make_gloo = [&] {
     return ProcessGroupGloo::create(store, rank, world_size,
                                     ProcessGroupGlooOptions()
@@ -234,18 +386,39 @@ WorldInfo world_info_from_env() {
 }
 
 std::shared_ptr<ProcessGroup> init_process_group(const InitOptions& options) {
+  if (resolve_backend(options.backend()) == Backend::kMpi) {
+    // mpirun or srun gives the world: no store, no MASTER_ADDR.
+    std::lock_guard<std::mutex> lock(default_group_mutex());
+    DDP_CHECK(default_group_slot() == nullptr,
+              "init_process_group: the default process group already exists; call "
+              "ddp::destroy_process_group() before creating another");
+    default_group_slot() = create_mpi_group(options, -1, -1);
+    return default_group_slot();
+  }
   const WorldInfo info = world_info_from_env();
   std::shared_ptr<Store> store;
+  std::unique_ptr<EnvStore> env_store;
   if (info.world_size == 1 && info.master_addr.empty()) {
     // Alone: no launcher, or a launcher with one rank and no master. Nothing
     // to meet, so no network.
     store = std::make_shared<HashStore>();
+  } else if (const auto agent = internal::env_get(internal::kEnvTorchelasticUseAgentStore);
+             agent && (*agent == "True" || *agent == "true" || *agent == "1")) {
+    // torchrun's agent already serves a PyTorch TCPStore on MASTER_PORT, so
+    // rank 0 cannot serve ours there: every rank is a client of the agent's.
+    // ddp's keys go under a prefix of their own, so that they meet neither
+    // the agent's, nor a torch.distributed program's, nor those of an earlier
+    // attempt of a restarted job.
+    auto agent_store = std::make_shared<TorchTCPStore>(
+        info.master_addr,
+        TorchTCPStoreOptions().port(info.master_port).timeout(options.timeout()));
+    const auto attempt = internal::env_get(internal::kEnvTorchelasticRestartCount);
+    store = std::make_shared<PrefixStore>("ddp_cpp/attempt_" + attempt.value_or("0"),
+                                          std::move(agent_store));
   } else {
-    store = std::make_shared<TCPStore>(
-        info.master_addr, TCPStoreOptions()
-                              .port(static_cast<uint16_t>(info.master_port))
-                              .is_server(info.rank == 0)
-                              .timeout(options.timeout()));
+    // See Note [Re-initialising on one port].
+    env_store = connect_env_store(info, options.timeout());
+    store = env_store->store;
   }
   std::lock_guard<std::mutex> lock(default_group_mutex());
   DDP_CHECK(default_group_slot() == nullptr,
@@ -253,6 +426,14 @@ std::shared_ptr<ProcessGroup> init_process_group(const InitOptions& options) {
             "ddp::destroy_process_group() before creating another");
   default_group_slot() =
       create_group(std::move(store), info.rank, info.world_size, options, info.master_addr);
+  if (env_store != nullptr) {
+    if (info.rank != 0) {
+      // This rank is done with the rendezvous's keys: rank 0 may close the
+      // server once every rank has said so.
+      env_store->store->set(env_round_key(env_store->round, c10::str("joined/", info.rank)), "1");
+    }
+    env_store_slot() = std::move(env_store);
+  }
   return default_group_slot();
 }
 
@@ -273,12 +454,37 @@ std::shared_ptr<ProcessGroup> new_process_group(std::shared_ptr<Store> store, in
 
 void destroy_process_group() {
   std::shared_ptr<ProcessGroup> group;
+  std::unique_ptr<EnvStore> env_store;
   {
     std::lock_guard<std::mutex> lock(default_group_mutex());
     group.swap(default_group_slot());
+    env_store.swap(env_store_slot());
   }
-  // The group is destroyed here, outside the lock, unless the caller still
-  // holds a reference to it.
+  // Outside the lock: operations issued without wait() finish first (each
+  // by its deadline), even while someone else still holds the group. It is
+  // destroyed here unless the caller still holds a reference to it.
+  if (group != nullptr) {
+    group->wait_for_pending_work();
+  }
+  group.reset();
+  if (env_store != nullptr && env_store->server != nullptr && env_store->world_size > 1) {
+    // See Note [Re-initialising on one port]: serve the ranks still in the
+    // rendezvous until they have left it.
+    std::vector<std::string> joined;
+    for (int r = 1; r < env_store->world_size; ++r) {
+      joined.push_back(env_round_key(env_store->round, c10::str("joined/", r)));
+    }
+    try {
+      env_store->store->wait(joined, std::min(env_store->timeout, kMaxJoinWait));
+    } catch (const std::exception& e) {
+      internal::log_warning(c10::str(
+          "[rank 0/", env_store->world_size, "] destroy_process_group: closing the store server "
+          "although not every rank has finished its rendezvous: ", e.what()));
+    }
+  }
+  // Our connections first, then (on rank 0) the server, which closes every
+  // connection still open and its listener.
+  env_store.reset();
 }
 
 bool is_initialized() {

@@ -15,6 +15,12 @@ ProcessGroup::ProcessGroup(int rank, int size, std::chrono::milliseconds timeout
 
 ProcessGroup::~ProcessGroup() = default;
 
+void ProcessGroup::wait_for_pending_work() {}
+
+bool ProcessGroup::supports_sparse_allreduce(c10::DeviceType /*device_type*/) const {
+  return sparse_allreduce_;
+}
+
 std::string ProcessGroup::rank_prefix() const {
   return c10::str("[rank ", rank_, "/", size_, "]");
 }

@@ -138,6 +138,17 @@ std::shared_ptr<Work> CompositeProcessGroup::barrier(const BarrierOptions& optio
   return backends_.at(c10::DeviceType::CPU)->barrier(options);
 }
 
+bool CompositeProcessGroup::supports_sparse_allreduce(c10::DeviceType device_type) const {
+  const auto it = backends_.find(device_type);
+  return it != backends_.end() && it->second->supports_sparse_allreduce(device_type);
+}
+
+void CompositeProcessGroup::wait_for_pending_work() {
+  for (const auto& [type, group] : backends_) {
+    group->wait_for_pending_work();
+  }
+}
+
 std::shared_ptr<Work> CompositeProcessGroup::send(const at::Tensor& tensor, int dst_rank,
                                                   const PointToPointOptions& options) {
   return route("send", {tensor}).send(tensor, dst_rank, options);

@@ -22,6 +22,24 @@ inline constexpr EnvVar kEnvLocalRank{"LOCAL_RANK", nullptr, "Rank of this proce
 inline constexpr EnvVar kEnvLocalWorldSize{"LOCAL_WORLD_SIZE", nullptr, "Number of processes on this node."};
 inline constexpr EnvVar kEnvMasterAddr{"MASTER_ADDR", nullptr, "Host of rank 0's TCP store."};
 inline constexpr EnvVar kEnvMasterPort{"MASTER_PORT", nullptr, "Port of rank 0's TCP store."};
+inline constexpr EnvVar kEnvStoreToken{"DDP_STORE_TOKEN", nullptr,
+    "Shared secret of ddp's TCPStore (at most 256 bytes), read by its server and its clients "
+    "alike: the server refuses a client whose handshake does not carry the same token. Unset or "
+    "empty: any client is admitted. TCPStoreOptions::token overrides it."};
+// torchrun's elastic agent.
+inline constexpr EnvVar kEnvTorchelasticUseAgentStore{"TORCHELASTIC_USE_AGENT_STORE", nullptr,
+    "True, true or 1 (torchrun sets True): the launcher's agent already serves a PyTorch "
+    "TCPStore at MASTER_ADDR:MASTER_PORT, so every rank connects to it as a client "
+    "(TorchTCPStore) instead of rank 0 serving ddp's own TCPStore there."};
+inline constexpr EnvVar kEnvTorchelasticRestartCount{"TORCHELASTIC_RESTART_COUNT", "0",
+    "torchrun's restart count, which ddprun sets too (--max-restarts): 0 at the first start, k "
+    "after the k-th restart of the group. In the agent's store, ddp's keys are under "
+    "ddp_cpp/attempt_<count>/, so that a restarted job never reads an earlier attempt's keys."};
+// ddprun's own name for it.
+inline constexpr EnvVar kEnvRestartCount{"DDP_RESTART_COUNT", "0",
+    "Set by ddprun for every rank, with the same value as TORCHELASTIC_RESTART_COUNT: 0 at the "
+    "first start, k after the k-th restart (--max-restarts). A program resumes from its last "
+    "checkpoint when it is > 0 (examples/mnist does)."};
 // Slurm, used when RANK/WORLD_SIZE are absent.
 inline constexpr EnvVar kEnvSlurmProcId{"SLURM_PROCID", nullptr, "Slurm's global rank."};
 inline constexpr EnvVar kEnvSlurmNTasks{"SLURM_NTASKS", nullptr, "Slurm's world size."};
@@ -32,6 +50,12 @@ inline constexpr EnvVar kEnvOmpiRank{"OMPI_COMM_WORLD_RANK", nullptr, "Open MPI'
 inline constexpr EnvVar kEnvOmpiSize{"OMPI_COMM_WORLD_SIZE", nullptr, "Open MPI's world size."};
 inline constexpr EnvVar kEnvOmpiLocalRank{"OMPI_COMM_WORLD_LOCAL_RANK", nullptr, "Open MPI's local rank."};
 inline constexpr EnvVar kEnvOmpiLocalSize{"OMPI_COMM_WORLD_LOCAL_SIZE", nullptr, "Open MPI's local world size."};
+// Backend choice.
+inline constexpr EnvVar kEnvBackend{"DDP_BACKEND", nullptr,
+    "gloo, nccl or mpi: the backend that Backend::kAuto (InitOptions' default) means, so that one "
+    "binary runs under ddprun with Gloo and under `DDP_BACKEND=mpi mpirun -np N` with MPI. An "
+    "explicit InitOptions::backend wins. Unset or auto: NCCL with Gloo when built with NCCL and a "
+    "GPU is present, else Gloo."};
 // Networking.
 inline constexpr EnvVar kEnvSocketIfname{"DDP_SOCKET_IFNAME", nullptr,
     "Network interface Gloo binds to (e.g. eth0). Default: the interface that reaches MASTER_ADDR."};
@@ -40,6 +64,12 @@ inline constexpr EnvVar kEnvGlooSocketIfname{"GLOO_SOCKET_IFNAME", nullptr,
 // Diagnostics.
 inline constexpr EnvVar kEnvDebug{"DDP_DEBUG", "0",
     "1: rank 0 prints DDP's per-iteration insight figures and bucket layout."};
+// Tests only.
+inline constexpr EnvVar kEnvTestCheckpointCrashAt{"DDP_TEST_CHECKPOINT_CRASH_AT", nullptr,
+    "Tests only: the point of save_checkpoint at which the saving process kills itself with "
+    "SIGKILL (begin, optimizer-partial, optimizer-written, model-partial, model-written, "
+    "committed, optimizer-renamed; see Note [Checkpoint crash points] in src/nn/checkpoint.cpp). "
+    "Unset: never."};
 
 // The variable's value, or its default, or nullopt when unset with no default.
 std::optional<std::string> env_get(const EnvVar& var);

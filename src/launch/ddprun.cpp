@@ -61,11 +61,13 @@ int main(int argc, char** argv) {
   if (env_flag_is_set(std::getenv("DDPRUN_NO_PREFIX"))) {
     options.prefix_output = false;
   }
+  if (const std::string refusal = mpi_backend_refusal(options, std::getenv("DDP_BACKEND"));
+      !refusal.empty()) {
+    std::fprintf(stderr, "ddprun: %s\n", refusal.c_str());
+    return kExitUsage;
+  }
   try {
-    if (!options.master_port) {
-      options.master_port = pick_free_port(options.master_addr);
-    }
-    return run_ranks(options);
+    return run_ranks(options); // picks a free port when none was given
   } catch (const std::exception& e) {
     std::fprintf(stderr, "ddprun: %s\n", e.what());
     return kExitFailure;

@@ -13,6 +13,7 @@
 #include <cstring>
 #include <memory>
 
+#include "internal/env.h" // the names of the variables ddprun sets; declarations only
 #include "launch/unique_fd.h"
 
 namespace ddp::launch {
@@ -114,6 +115,8 @@ CommandLine parse_command_line(const std::vector<std::string>& args) {
       options.master_port = parse_int(flag, value(), 1, 65535);
     } else if (flag == "--grace-period") {
       options.grace_period = parse_seconds(flag, value());
+    } else if (flag == "--max-restarts") {
+      options.max_restarts = parse_int(flag, value(), 0, INT_MAX);
     } else if (flag == "--no-prefix") {
       if (inline_value) {
         throw UsageError("--no-prefix takes no value (got " + quoted(*inline_value) + ")");
@@ -143,6 +146,13 @@ CommandLine parse_command_line(const std::vector<std::string>& args) {
                      std::to_string(options.nnodes) +
                      " (got none): every node must be given the same port");
   }
+  if (options.max_restarts > 0 && options.nnodes > 1) {
+    throw UsageError("--max-restarts needs --nnodes 1 (got --max-restarts " +
+                     std::to_string(options.max_restarts) + " with --nnodes " +
+                     std::to_string(options.nnodes) +
+                     "): ddprun restarts the ranks of its own node only and cannot make the "
+                     "other nodes restart with them; use torchrun for restarts across nodes");
+  }
   if (options.program.empty()) {
     throw UsageError("missing the program to run (got only options)");
   }
@@ -153,14 +163,35 @@ bool env_flag_is_set(const char* value) {
   return value != nullptr && value[0] != '\0' && std::strcmp(value, "0") != 0;
 }
 
+std::string mpi_backend_refusal(const LaunchOptions& options, const char* ddp_backend) {
+  const int world = options.nnodes * options.nproc_per_node;
+  if (ddp_backend == nullptr || std::strcmp(ddp_backend, "mpi") != 0 || world <= 1) {
+    return "";
+  }
+  std::string program;
+  for (const auto& arg : options.program) {
+    program += " " + arg;
+  }
+  const std::string n = std::to_string(world);
+  return "DDP_BACKEND=mpi: ddprun does not start MPI jobs; MPI's ranks must be started, and "
+         "connected, by an MPI launcher. Run\n"
+         "  DDP_BACKEND=mpi mpirun -np " + n + program + "\n"
+         "(Open MPI; as root add --allow-run-as-root; on several nodes add --host or a hostfile), "
+         "or under Slurm\n"
+         "  DDP_BACKEND=mpi srun --mpi=pmix -n " + n + program + "\n"
+         "or unset DDP_BACKEND to run the same program with Gloo under ddprun.";
+}
+
 const char* usage_text() {
   return R"(usage: ddprun [options] [--] program [args...]
 
 Starts --nproc-per-node copies of program on this node, one per rank, with the
 variables torchrun sets: RANK, WORLD_SIZE, LOCAL_RANK, LOCAL_WORLD_SIZE,
-GROUP_RANK, MASTER_ADDR, MASTER_PORT (and OMP_NUM_THREADS=1 when unset and
-there are several ranks). When a rank fails, or ddprun gets SIGINT or SIGTERM,
-the other ranks are stopped: SIGTERM, then SIGKILL after the grace period.
+GROUP_RANK, MASTER_ADDR, MASTER_PORT, TORCHELASTIC_RESTART_COUNT (and
+OMP_NUM_THREADS=1 when unset and there are several ranks). When a rank fails,
+or ddprun gets SIGINT or SIGTERM, the other ranks are stopped: SIGTERM, then
+SIGKILL after the grace period. After a failed rank, --max-restarts starts
+the group again.
 
 options:
   --nproc-per-node N  ranks to start on this node (required, N >= 1)
@@ -171,11 +202,16 @@ options:
                       --nnodes is 1; required when --nnodes > 1)
   --grace-period S    seconds between SIGTERM and SIGKILL when stopping
                       ranks (default 5)
+  --max-restarts N    when a rank fails, stop the group and start it again,
+                      up to N times (default 0); the ranks get the count in
+                      TORCHELASTIC_RESTART_COUNT and DDP_RESTART_COUNT
   --no-prefix         do not prefix output lines with "[rank R]: "
                       (DDPRUN_NO_PREFIX=1 does the same)
   -h, --help          print this help and exit
 
 Flags may be written with underscores (--nproc_per_node) and as --flag=value.
+With DDP_BACKEND=mpi in the environment ddprun refuses to start several ranks:
+an MPI job is started by mpirun or srun (docs/launcher.md).
 )";
 }
 
@@ -202,6 +238,12 @@ std::vector<std::pair<std::string, std::string>> rank_environment(
     env.emplace_back("OMP_NUM_THREADS", "1");
   }
   return env;
+}
+
+std::vector<std::pair<std::string, std::string>> restart_environment(int restart_count) {
+  const std::string count = std::to_string(restart_count);
+  return {{internal::kEnvTorchelasticRestartCount.name, count},
+          {internal::kEnvRestartCount.name, count}};
 }
 
 int pick_free_port(const std::string& addr) {

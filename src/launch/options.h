@@ -41,6 +41,11 @@ struct LaunchOptions {
   /// Time between SIGTERM and SIGKILL when ranks are stopped
   /// (--grace-period, in seconds). Default: 5 s.
   std::chrono::milliseconds grace_period{5000};
+  /// How many times the whole group is stopped and started again when a
+  /// rank fails (--max-restarts, as torchrun's), each time with a new
+  /// rendezvous; see run_ranks. Only with nnodes == 1. Default: 0 (a failed
+  /// rank ends the job).
+  int max_restarts = 0;
   /// The program and its arguments, passed to execvp unchanged. Required.
   std::vector<std::string> program;
 };
@@ -63,6 +68,13 @@ CommandLine parse_command_line(const std::vector<std::string>& args);
 /// empty and not "0". `value` may be null (unset).
 bool env_flag_is_set(const char* value);
 
+/// Why ddprun will not start this job, or "" when it will: the ranks would
+/// use ddp's MPI backend (`ddp_backend`, the value of DDP_BACKEND, is "mpi";
+/// null when unset) and there are several of them. MPI's processes must be
+/// started, and connected, by an MPI launcher (mpirun, srun), so the text
+/// gives that command line.
+std::string mpi_backend_refusal(const LaunchOptions& options, const char* ddp_backend);
+
 /// The usage text printed by --help and after a bad command line.
 const char* usage_text();
 
@@ -76,6 +88,12 @@ std::vector<std::pair<std::string, std::string>> rank_environment(
     const LaunchOptions& options,
     int local_rank,
     const char* inherited_omp_num_threads);
+
+/// The variables that tell each rank how many times the group was restarted
+/// (0 at the first start, k after the k-th restart): torchrun's
+/// TORCHELASTIC_RESTART_COUNT and ddp's DDP_RESTART_COUNT, with the same
+/// value, so that a program knows to resume from its last checkpoint.
+std::vector<std::pair<std::string, std::string>> restart_environment(int restart_count);
 
 /// Binds port 0 on `addr` and returns the port the kernel chose. Another
 /// process may take it before rank 0 binds it; torchrun takes the same risk.

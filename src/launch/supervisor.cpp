@@ -25,6 +25,18 @@
 // stop, the stopped process groups are empty (or have been sent SIGKILL). A rank's descendant may hold a
 // pipe open after the rank exited; such pipes get kDrainTimeout to close.
 //
+// Restarts (--max-restarts N): one Supervisor runs one attempt of the job,
+// from the start of the ranks to the end of a stop. When an attempt ends
+// because a rank failed (not because ddprun was asked to stop) and restarts
+// are left, run_ranks waits until the stopped process groups are empty, so
+// that nothing of the old attempt holds the port or the old store, and
+// starts a new attempt with a new rendezvous: a free port picked afresh
+// (unless --master-port fixed it, which is free again by then), hence a new
+// store served by the new rank 0. Each rank is told the attempt's number in
+// TORCHELASTIC_RESTART_COUNT and DDP_RESTART_COUNT, and resumes from its
+// last checkpoint. The signal router lives across attempts, so a stop signal
+// that comes between two attempts stops the job instead of starting the next.
+//
 // Note [Process groups]: each rank calls setpgid(0, 0) and ddprun calls
 // setpgid(pid, pid) too, so that the group exists before either goes on. A
 // stop signals the group (kill(-pgid)) rather than the pid, so that the rank's
@@ -74,6 +86,9 @@ constexpr milliseconds kDrainTimeout{2000};
 // How often a stop checks whether the stopped process groups are empty (no
 // event announces it: their members are not our children).
 constexpr milliseconds kGroupPollInterval{20};
+// How long a restart waits for the processes of the stopped attempt to be
+// gone (they were sent SIGKILL, or exited on SIGTERM) before it starts anyway.
+constexpr milliseconds kRestartWaitTimeout{5000};
 // The loop wakes at least this often, whatever it waits for.
 constexpr milliseconds kMaxPollWait{500};
 constexpr size_t kReadChunkBytes = 64 * 1024;
@@ -301,11 +316,13 @@ enum class Phase {
   kKilled, // SIGKILL was sent; waiting for the ranks to be reaped
 };
 
-// Runs one job: starts the ranks, relays their output, stops them.
-// Thread-safety: none; used by the main thread only (see run_ranks).
+// Runs one attempt of the job: starts the ranks, relays their output, stops
+// them. Thread-safety: none; used by the main thread only (see run_ranks).
 class Supervisor {
  public:
-  explicit Supervisor(const LaunchOptions& options) : options_(options) {
+  // `options.master_port` is set. `signals` outlives the Supervisor.
+  Supervisor(const LaunchOptions& options, int restart_count, SignalRouter& signals)
+      : options_(options), restart_count_(restart_count), signals_(signals) {
     dev_null_.reset(::open("/dev/null", O_RDONLY | O_CLOEXEC));
     if (!dev_null_.valid()) {
       throw std::runtime_error(std::string("cannot open /dev/null: ") + std::strerror(errno));
@@ -319,7 +336,10 @@ class Supervisor {
   }
 
   int run() {
-    start_all();
+    handle_signals(); // one that came between two attempts stops the job
+    if (phase_ == Phase::kRunning) {
+      start_all();
+    }
     while (true) {
       handle_signals();
       reap();
@@ -340,6 +360,44 @@ class Supervisor {
     return exit_code_.value_or(0);
   }
 
+  // Whether the attempt ended because a rank failed, and ddprun was not
+  // asked to stop: the case for a restart.
+  bool ended_by_rank_failure() const {
+    return failure_.has_value() && !stop_requested_;
+  }
+
+  // "rank 1 exited with code 3", once a rank has failed.
+  const std::optional<std::string>& failure() const {
+    return failure_;
+  }
+
+  // Waits until the process groups of the stopped ranks are empty, reaping
+  // as a subreaper must; gives up at `deadline` and says which group still
+  // has processes. Before a restart, so that nothing of this attempt holds
+  // the port or talks to the old store when the next one starts.
+  void wait_for_stopped_groups(Clock::time_point deadline) {
+    while (true) {
+      reap();
+      const bool any_alive = std::any_of(ranks_.begin(), ranks_.end(),
+                                         [](const Rank& r) { return r.in_stop && group_alive(r); });
+      if (!any_alive) {
+        return;
+      }
+      if (Clock::now() >= deadline) {
+        for (const Rank& rank : ranks_) {
+          if (rank.in_stop && group_alive(rank)) {
+            ::kill(-rank.pid, SIGKILL);
+            message("processes of rank " + std::to_string(rank.rank) + " (process group " +
+                    std::to_string(rank.pid) + ") are still running after SIGKILL; restarting "
+                    "without waiting for them");
+          }
+        }
+        return;
+      }
+      ::poll(nullptr, 0, static_cast<int>(kGroupPollInterval.count()));
+    }
+  }
+
  private:
   void message(const std::string& text) { stderr_sink_.write("ddprun: " + text + "\n"); }
 
@@ -350,7 +408,7 @@ class Supervisor {
 
   void start_all() {
     const char* inherited_omp = std::getenv("OMP_NUM_THREADS");
-    if (options_.nproc_per_node > 1 && inherited_omp == nullptr) {
+    if (options_.nproc_per_node > 1 && inherited_omp == nullptr && restart_count_ == 0) {
       message("setting OMP_NUM_THREADS=1 for each rank so that " +
               std::to_string(options_.nproc_per_node) +
               " ranks do not overload the CPU; set OMP_NUM_THREADS yourself to tune it");
@@ -382,7 +440,10 @@ class Supervisor {
     rank.err.sink = &stderr_sink_;
 
     // ddprun's environment with the rank's variables put over it.
-    const auto overrides = rank_environment(options_, rank.local_rank, inherited_omp);
+    auto overrides = rank_environment(options_, rank.local_rank, inherited_omp);
+    for (auto& variable : restart_environment(restart_count_)) {
+      overrides.push_back(std::move(variable));
+    }
     std::vector<std::string> env;
     for (char** entry = environ; *entry != nullptr; ++entry) {
       const std::string_view text(*entry);
@@ -449,6 +510,7 @@ class Supervisor {
         continue; // reap() runs on every turn of the loop
       }
       const std::string name = signal_name(signal_number);
+      stop_requested_ = true;
       if (phase_ == Phase::kRunning) {
         exit_code_ = 128 + signal_number;
         const int running = running_count();
@@ -512,6 +574,7 @@ class Supervisor {
       }
 #endif
     }
+    failure_ = "rank " + std::to_string(rank.rank) + " " + what;
     const int others = running_count();
     message("rank " + std::to_string(rank.rank) + " (pid " + std::to_string(rank.pid) + ") " +
             what + (others > 0 ? "; stopping " + other_ranks(others) : ""));
@@ -644,15 +707,19 @@ class Supervisor {
   }
 
   const LaunchOptions& options_;
+  const int restart_count_; // 0 for the first attempt
+  // Non-owning: run_ranks' router, which outlives every attempt.
+  SignalRouter& signals_;
   OutputSink stdout_sink_{STDOUT_FILENO};
   OutputSink stderr_sink_{STDERR_FILENO};
-  SignalRouter signals_;
   UniqueFd dev_null_; // the ranks' stdin; see docs/launcher.md
   std::vector<Rank> ranks_;
   std::vector<char> buffer_ = std::vector<char>(kReadChunkBytes);
 
   Phase phase_ = Phase::kRunning;
   std::optional<int> exit_code_; // set by the first failure or stop signal
+  std::optional<std::string> failure_; // the first failed rank, without its pid
+  bool stop_requested_ = false; // ddprun received a stop signal
   int stop_signal_ = SIGTERM;
   Clock::time_point kill_deadline_;
   std::optional<Clock::time_point> drain_deadline_;
@@ -694,11 +761,32 @@ std::string signal_name(int signal_number) {
 }
 
 int run_ranks(const LaunchOptions& options) {
-  if (!options.master_port) {
-    throw std::logic_error("run_ranks: master_port is not set; pick one first");
+  SignalRouter signals;
+  OutputSink stderr_sink(STDERR_FILENO);
+  for (int restart_count = 0;; ++restart_count) {
+    // A new rendezvous for every attempt: a port picked afresh unless the
+    // user fixed one, and a new store, served by the new rank 0.
+    LaunchOptions attempt = options;
+    if (!attempt.master_port) {
+      attempt.master_port = pick_free_port(attempt.master_addr);
+    }
+    Supervisor supervisor(attempt, restart_count, signals);
+    const int exit_code = supervisor.run();
+    if (!supervisor.ended_by_rank_failure() || options.max_restarts == 0) {
+      return exit_code;
+    }
+    const std::string& failure = *supervisor.failure();
+    if (restart_count == options.max_restarts) {
+      stderr_sink.write("ddprun: " + failure + "; not restarting: all " +
+                        std::to_string(options.max_restarts) + " restart(s) used (--max-restarts " +
+                        std::to_string(options.max_restarts) + ")\n");
+      return exit_code;
+    }
+    stderr_sink.write("ddprun: " + failure + "; restarting the group (restart " +
+                      std::to_string(restart_count + 1) + " of " +
+                      std::to_string(options.max_restarts) + ")\n");
+    supervisor.wait_for_stopped_groups(Clock::now() + kRestartWaitTimeout);
   }
-  Supervisor supervisor(options);
-  return supervisor.run();
 }
 
 } // namespace ddp::launch

@@ -12,10 +12,15 @@ namespace ddp::launch {
 /// output, and stops them all when one fails or when ddprun is asked to stop
 /// (SIGINT, SIGTERM, SIGHUP or SIGQUIT). Returns ddprun's exit code: 0 when
 /// every rank exited 0; else the first failed rank's exit code, or 128 + the
-/// signal that killed it, or 128 + the signal ddprun received.
+/// signal that killed it, or 128 + the signal ddprun received. When a rank
+/// fails and `options.max_restarts` allows, the group is stopped and started
+/// again instead, with a new rendezvous and TORCHELASTIC_RESTART_COUNT and
+/// DDP_RESTART_COUNT set to the number of restarts so far; the exit code is
+/// then that of the last attempt.
 ///
-/// `options.master_port` must be set (main() picks a free port when the user
-/// gave none). Installs its own handlers for those signals and SIGCHLD, and
+/// When `options.master_port` is unset, a free port is picked for every
+/// attempt (pick_free_port; it throws std::runtime_error when none can be
+/// found). Installs its own handlers for those signals and SIGCHLD, and
 /// ignores SIGPIPE, until it returns; on Linux it also makes the process a
 /// child subreaper. Call it once, from the only thread of the process: it
 /// forks, and reaps every child with waitpid(-1).

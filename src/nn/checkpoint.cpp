@@ -1,40 +1,508 @@
+// How it works
+//
+// A checkpoint at PATH is a pair of files: PATH, the wrapped module's state
+// (what torch::save(module, PATH) writes, so that plain LibTorch reads it
+// with torch::load), and PATH.optimizer, the optimizer's state (what
+// torch::save(optimizer, ...) writes). Two files cannot be replaced by one
+// rename, so one of them is the commit point: PATH. Besides the module's
+// tensors, PATH holds a manifest (a string under kManifestKey, which
+// torch::load ignores) naming the optimizer state that belongs to it: its
+// size in bytes and a checksum of its bytes, and a save id.
+//
+// Rank 0 saves in this order (see Note [Checkpoint commit]):
+//   1. removes the temporary files of saves that were killed (PATH.tmp.<pid>);
+//   2. writes the optimizer state to PATH.optimizer.<save id> (the pending
+//      file), counting its bytes and checksum as they are written; fsync;
+//   3. writes the module's state and the manifest to PATH.tmp.<pid>; fsync;
+//   4. renames PATH.tmp.<pid> to PATH, and fsyncs the directory: the commit;
+//   5. renames the pending file to PATH.optimizer; fsync of the directory;
+//   6. removes pending files of earlier killed saves.
+// A crash before 4 leaves the old PATH and the old optimizer state, which
+// its manifest names, untouched. A crash between 4 and 5 leaves the new PATH
+// next to the old PATH.optimizer: the loader sees that the old file does not
+// match the manifest and reads the pending file, which does. After 5 the new
+// pair is in place. Whatever a crash leaves behind, the next save removes.
+//
+// Loading reads the manifest from PATH and refuses an optimizer file whose
+// size or checksum differs from it, so that a model from one save is never
+// paired with the optimizer state of another. A PATH without a manifest was
+// written by an older ddp (or by torch::save): it loads as before, with its
+// PATH.optimizer unchecked.
+
 #include <ddp/nn/checkpoint.h>
 
 #include <ATen/ATen.h>
 #include <torch/optim/optimizer.h>
 #include <torch/serialize.h>
 
+#include <dirent.h>
+#include <fcntl.h>
+#include <signal.h>
+#include <sys/stat.h>
 #include <unistd.h>
 
+#include <cerrno>
+#include <chrono>
+#include <cinttypes>
 #include <cstdio>
+#include <cstring>
 #include <exception>
+#include <optional>
+#include <random>
+#include <sstream>
+#include <vector>
 
 #include "internal/check.h"
+#include "internal/env.h"
 
 namespace ddp {
 
 namespace {
 
+// The key of the manifest in the model file's archive. torch::load(module)
+// reads only the module's own names, so a plain program never sees it.
+constexpr const char* kManifestKey = "ddp_checkpoint_manifest";
+// The manifest's first line; the number is the format version.
+constexpr const char* kManifestMagic = "ddp_checkpoint";
+constexpr int kFormatVersion = 1;
+constexpr size_t kReadChunkBytes = 1 << 20;
+
 std::string who(const ProcessGroup& group, const char* op) {
   return c10::str("[rank ", group.rank(), "/", group.size(), "] ", op);
 }
 
-// Writes with `write(tmp)` then renames tmp to `path`: readers never see a
-// partial file.
-template <typename Write>
-void write_atomically(const std::string& path, Write&& write) {
+std::string errno_text(int error) {
+  return std::strerror(error);
+}
+
+// ---- Paths ---------------------------------------------------------------------
+
+std::string directory_of(const std::string& path) {
+  const size_t slash = path.rfind('/');
+  if (slash == std::string::npos) {
+    return ".";
+  }
+  return slash == 0 ? "/" : path.substr(0, slash);
+}
+
+std::string base_name_of(const std::string& path) {
+  const size_t slash = path.rfind('/');
+  return slash == std::string::npos ? path : path.substr(slash + 1);
+}
+
+std::string optimizer_path(const std::string& path) {
+  return path + ".optimizer";
+}
+
+std::string pending_optimizer_path(const std::string& path, const std::string& save_id) {
+  return optimizer_path(path) + "." + save_id;
+}
+
+bool all_of_chars(const std::string& text, size_t from, const char* allowed) {
+  return from < text.size() && text.find_first_not_of(allowed, from) == std::string::npos;
+}
+
+// ---- Checksum ------------------------------------------------------------------
+
+// A 64-bit checksum of a byte stream fed in pieces of any size, eight bytes
+// at a time (a byte at a time would cost seconds on a large optimizer state).
+// It tells files apart; it is not cryptographic.
+// Thread-safety: none; one per file, used by one thread.
+class Checksum {
+ public:
+  void feed(const void* data, size_t size) {
+    const auto* bytes = static_cast<const unsigned char*>(data);
+    total_ += size;
+    while (size > 0 && carry_size_ > 0) {
+      carry_[carry_size_++] = *bytes++;
+      --size;
+      if (carry_size_ == 8) {
+        mix(load(carry_));
+        carry_size_ = 0;
+      }
+    }
+    for (; size >= 8; size -= 8, bytes += 8) {
+      mix(load(bytes));
+    }
+    while (size-- > 0) {
+      carry_[carry_size_++] = *bytes++;
+    }
+  }
+
+  uint64_t value() const {
+    uint64_t h = state_;
+    uint64_t tail = 0;
+    for (size_t i = 0; i < carry_size_; ++i) {
+      tail |= static_cast<uint64_t>(carry_[i]) << (8 * i);
+    }
+    h = (h ^ tail ^ total_) * kMultiplier;
+    h ^= h >> 29;
+    h *= 0xbf58476d1ce4e5b9ull;
+    return h ^ (h >> 32);
+  }
+
+  uint64_t size() const {
+    return total_;
+  }
+
+ private:
+  static constexpr uint64_t kMultiplier = 0x9e3779b97f4a7c15ull;
+
+  static uint64_t load(const unsigned char* bytes) {
+    uint64_t word = 0;
+    for (int i = 0; i < 8; ++i) { // little-endian on every host
+      word |= static_cast<uint64_t>(bytes[i]) << (8 * i);
+    }
+    return word;
+  }
+
+  void mix(uint64_t word) {
+    state_ = ((state_ ^ word) * kMultiplier);
+    state_ = (state_ << 27) | (state_ >> 37);
+  }
+
+  uint64_t state_ = 0x243f6a8885a308d3ull;
+  uint64_t total_ = 0;
+  unsigned char carry_[8] = {};
+  size_t carry_size_ = 0;
+};
+
+std::string hex64(uint64_t value) {
+  char text[17];
+  std::snprintf(text, sizeof text, "%016" PRIx64, value);
+  return text;
+}
+
+// ---- Files ---------------------------------------------------------------------
+
+// A file being written with write(2), so that it can be fsync'ed before it
+// is renamed into place; it keeps the checksum of what was written.
+// Thread-safety: none; used by rank 0's calling thread.
+class NewFile {
+ public:
+  explicit NewFile(std::string path) : path_(std::move(path)) {
+    fd_ = ::open(path_.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0666);
+    if (fd_ < 0) {
+      throw std::runtime_error(c10::str("cannot create '", path_, "': ", errno_text(errno)));
+    }
+  }
+
+  NewFile(const NewFile&) = delete;
+  NewFile& operator=(const NewFile&) = delete;
+
+  ~NewFile() {
+    if (fd_ >= 0) {
+      ::close(fd_);
+    }
+  }
+
+  // The writer function of OutputArchive::save_to: returns `size` when all
+  // was written, less on an error (the archive then fails; finish() names
+  // the error). Never throws, since it is called from inside the zip writer.
+  size_t write(const void* data, size_t size) noexcept {
+    const auto* bytes = static_cast<const char*>(data);
+    size_t done = 0;
+    while (done < size && error_ == 0) {
+      const ssize_t n = ::write(fd_, bytes + done, size - done);
+      if (n < 0 && errno == EINTR) {
+        continue;
+      }
+      if (n <= 0) {
+        error_ = n < 0 ? errno : EIO;
+        break;
+      }
+      done += static_cast<size_t>(n);
+    }
+    checksum_.feed(data, done);
+    return done;
+  }
+
+  // Writes `archive` to the file.
+  void save(torch::serialize::OutputArchive& archive) {
+    try {
+      archive.save_to([this](const void* data, size_t size) { return write(data, size); });
+    } catch (const std::exception& e) {
+      if (error_ == 0) {
+        throw;
+      }
+      // The archive's own message says only that a write failed.
+    }
+    if (error_ != 0) {
+      throw std::runtime_error(c10::str("cannot write '", path_, "': ", errno_text(error_)));
+    }
+  }
+
+  // Flushes the file to the disk and closes it: a file renamed into place
+  // must be complete after a power cut too, not only after a crash.
+  void finish() {
+    if (::fsync(fd_) != 0) {
+      throw std::runtime_error(c10::str("cannot fsync '", path_, "': ", errno_text(errno)));
+    }
+    const int fd = fd_;
+    fd_ = -1;
+    if (::close(fd) != 0) {
+      throw std::runtime_error(c10::str("cannot close '", path_, "': ", errno_text(errno)));
+    }
+  }
+
+  int fd() const {
+    return fd_;
+  }
+
+  const Checksum& checksum() const {
+    return checksum_;
+  }
+
+ private:
+  std::string path_;
+  int fd_ = -1;
+  int error_ = 0;
+  Checksum checksum_;
+};
+
+void sync_directory(const std::string& dir) {
+  const int fd = ::open(dir.c_str(), O_RDONLY | O_DIRECTORY | O_CLOEXEC);
+  if (fd < 0) {
+    return; // some file systems cannot open a directory; the rename stands
+  }
+  ::fsync(fd);
+  ::close(fd);
+}
+
+void rename_file(const std::string& from, const std::string& to) {
+  if (std::rename(from.c_str(), to.c_str()) != 0) {
+    throw std::runtime_error(
+        c10::str("cannot rename '", from, "' to '", to, "': ", errno_text(errno)));
+  }
+}
+
+// Size and checksum of the file at `path`, or nullopt when it does not exist.
+std::optional<Checksum> checksum_of_file(const std::string& path) {
+  const int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
+  if (fd < 0) {
+    if (errno == ENOENT) {
+      return std::nullopt;
+    }
+    throw std::runtime_error(c10::str("cannot open '", path, "': ", errno_text(errno)));
+  }
+  Checksum checksum;
+  std::vector<char> buffer(kReadChunkBytes);
+  while (true) {
+    const ssize_t n = ::read(fd, buffer.data(), buffer.size());
+    if (n < 0 && errno == EINTR) {
+      continue;
+    }
+    if (n < 0) {
+      const int error = errno;
+      ::close(fd);
+      throw std::runtime_error(c10::str("cannot read '", path, "': ", errno_text(error)));
+    }
+    if (n == 0) {
+      break;
+    }
+    checksum.feed(buffer.data(), static_cast<size_t>(n));
+  }
+  ::close(fd);
+  return checksum;
+}
+
+// Removes the files of `path`'s killed saves from its directory: temporary
+// model files (PATH.tmp.<pid>, and PATH.optimizer.tmp.<pid> of older ddp
+// versions) and, when `pending_too`, pending optimizer files
+// (PATH.optimizer.<save id>). Best effort: a file that cannot be removed
+// now is tried again at the next save.
+void remove_leftovers(const std::string& path, bool pending_too) {
+  const std::string base = base_name_of(path);
+  const std::string tmp_prefix = base + ".tmp.";
+  const std::string old_tmp_prefix = base + ".optimizer.tmp.";
+  const std::string pending_prefix = base + ".optimizer.";
+  const std::string dir = directory_of(path);
+  DIR* listing = ::opendir(dir.c_str());
+  if (listing == nullptr) {
+    return;
+  }
+  std::vector<std::string> doomed;
+  while (const dirent* entry = ::readdir(listing)) {
+    const std::string name = entry->d_name;
+    const auto has = [&](const std::string& prefix, const char* rest) {
+      return name.compare(0, prefix.size(), prefix) == 0 && all_of_chars(name, prefix.size(), rest);
+    };
+    if (has(tmp_prefix, "0123456789") || has(old_tmp_prefix, "0123456789") ||
+        (pending_too && has(pending_prefix, "0123456789abcdef") &&
+         name.size() == pending_prefix.size() + 16)) {
+      doomed.push_back(dir + "/" + name);
+    }
+  }
+  ::closedir(listing);
+  for (const std::string& file : doomed) {
+    std::remove(file.c_str());
+  }
+}
+
+// ---- Test hook -------------------------------------------------------------------
+
+// Note [Checkpoint crash points]: DDP_TEST_CHECKPOINT_CRASH_AT=<point> makes
+// the saving process kill itself with SIGKILL at that point of a save, as a
+// killed job would die, so that tests can check what every point leaves.
+// With `half_written` set, the file it names is first cut to half its size,
+// as a crash in the middle of the write would leave it.
+void crash_point(const char* point, const NewFile* half_written = nullptr) {
+  const auto chosen = internal::env_get(internal::kEnvTestCheckpointCrashAt);
+  if (!chosen || *chosen != point) {
+    return;
+  }
+  if (half_written != nullptr) {
+    ::ftruncate(half_written->fd(), static_cast<off_t>(half_written->checksum().size() / 2));
+  }
+  ::kill(::getpid(), SIGKILL);
+  ::pause();
+}
+
+// ---- Manifest ----------------------------------------------------------------------
+
+struct Manifest {
+  int version = kFormatVersion;
+  std::string save_id;
+  bool has_optimizer = false;
+  uint64_t optimizer_bytes = 0;
+  uint64_t optimizer_checksum = 0;
+
+  std::string text() const {
+    std::ostringstream out;
+    out << kManifestMagic << " " << version << "\n"
+        << "save_id " << save_id << "\n";
+    if (has_optimizer) {
+      out << "optimizer " << optimizer_bytes << " " << hex64(optimizer_checksum) << "\n";
+    } else {
+      out << "optimizer none\n";
+    }
+    return out.str();
+  }
+
+  // "20312 bytes, checksum 9f2c..."
+  std::string optimizer_text() const {
+    return c10::str(optimizer_bytes, " bytes, checksum ", hex64(optimizer_checksum));
+  }
+
+  // Parses text(); throws std::runtime_error naming what is wrong.
+  static Manifest parse(const std::string& text) {
+    Manifest m;
+    std::istringstream in(text);
+    std::string magic;
+    if (!(in >> magic >> m.version) || magic != kManifestMagic) {
+      throw std::runtime_error("its manifest is unreadable (expected a first line '" +
+                               std::string(kManifestMagic) + " <version>')");
+    }
+    if (m.version > kFormatVersion) {
+      throw std::runtime_error(c10::str("it was written in checkpoint format ", m.version,
+                                        " by a newer ddp; this one reads format ",
+                                        kFormatVersion, " and older"));
+    }
+    std::string key;
+    bool has_id = false;
+    bool has_optimizer_line = false;
+    while (in >> key) {
+      if (key == "save_id") {
+        has_id = static_cast<bool>(in >> m.save_id);
+      } else if (key == "optimizer") {
+        std::string bytes;
+        in >> bytes;
+        has_optimizer_line = static_cast<bool>(in);
+        if (bytes != "none") {
+          std::string checksum;
+          in >> checksum;
+          m.has_optimizer = true;
+          m.optimizer_bytes = std::strtoull(bytes.c_str(), nullptr, 10);
+          m.optimizer_checksum = std::strtoull(checksum.c_str(), nullptr, 16);
+          has_optimizer_line = static_cast<bool>(in);
+        }
+      } else {
+        std::string ignored;
+        std::getline(in, ignored); // a later field of the same format
+      }
+    }
+    if (!has_id || !has_optimizer_line ||
+        !all_of_chars(m.save_id, 0, "0123456789abcdef") || m.save_id.size() != 16) {
+      throw std::runtime_error("its manifest is incomplete (expected 'save_id' and "
+                               "'optimizer' lines): '" + text + "'");
+    }
+    return m;
+  }
+};
+
+std::string new_save_id() {
+  std::random_device device;
+  const uint64_t random = (static_cast<uint64_t>(device()) << 32) ^ device();
+  const auto now = static_cast<uint64_t>(
+      std::chrono::system_clock::now().time_since_epoch().count());
+  Checksum mix;
+  const uint64_t parts[] = {random, now, static_cast<uint64_t>(::getpid())};
+  mix.feed(parts, sizeof parts);
+  return hex64(mix.value());
+}
+
+// ---- Save ---------------------------------------------------------------------------
+
+// Note [Checkpoint commit]: the rename of PATH.tmp.<pid> to PATH is the
+// only step that changes which save a reader gets; every file it depends on
+// is complete and fsync'ed before it. See the narrative at the top.
+void write_checkpoint(const DistributedDataParallel& model, torch::optim::Optimizer* optimizer,
+                      const std::string& path) {
+  const std::shared_ptr<torch::nn::Module> module = model->module();
+  DDP_CHECK(!module->named_parameters(/*recurse=*/false).contains(kManifestKey) &&
+                !module->named_buffers(/*recurse=*/false).contains(kManifestKey) &&
+                !module->named_children().contains(kManifestKey),
+            "the module has a member named '", kManifestKey,
+            "', the name under which the checkpoint keeps its manifest; rename it");
+
+  const std::string dir = directory_of(path);
+  remove_leftovers(path, /*pending_too=*/false);
+  crash_point("begin");
+
+  Manifest manifest;
+  manifest.save_id = new_save_id();
+  const std::string pending = pending_optimizer_path(path, manifest.save_id);
   const std::string tmp = c10::str(path, ".tmp.", ::getpid());
   try {
-    write(tmp);
+    if (optimizer != nullptr) {
+      NewFile file(pending);
+      torch::serialize::OutputArchive archive;
+      optimizer->save(archive);
+      file.save(archive);
+      crash_point("optimizer-partial", &file);
+      file.finish();
+      manifest.has_optimizer = true;
+      manifest.optimizer_bytes = file.checksum().size();
+      manifest.optimizer_checksum = file.checksum().value();
+      crash_point("optimizer-written");
+    }
+    {
+      NewFile file(tmp);
+      torch::serialize::OutputArchive archive;
+      module->save(archive);
+      archive.write(kManifestKey, c10::IValue(manifest.text()));
+      file.save(archive);
+      crash_point("model-partial", &file);
+      file.finish();
+      crash_point("model-written");
+    }
   } catch (...) {
     std::remove(tmp.c_str());
+    std::remove(pending.c_str());
     throw;
   }
-  if (std::rename(tmp.c_str(), path.c_str()) != 0) {
-    std::remove(tmp.c_str());
-    throw std::runtime_error(c10::str("cannot rename ", tmp, " to ", path, ": ",
-                                      std::strerror(errno)));
+  rename_file(tmp, path); // the commit
+  sync_directory(dir);
+  crash_point("committed");
+  if (optimizer != nullptr) {
+    rename_file(pending, optimizer_path(path));
+  } else {
+    // The optimizer state of an earlier save, which no longer belongs to PATH.
+    std::remove(optimizer_path(path).c_str());
   }
+  sync_directory(dir);
+  crash_point("optimizer-renamed");
+  remove_leftovers(path, /*pending_too=*/true);
 }
 
 void save(const DistributedDataParallel& model, torch::optim::Optimizer* optimizer,
@@ -44,11 +512,9 @@ void save(const DistributedDataParallel& model, torch::optim::Optimizer* optimiz
   std::string error;
   if (group.rank() == 0) {
     try {
-      write_atomically(path, [&](const std::string& tmp) { torch::save(model->module(), tmp); });
-      if (optimizer != nullptr) {
-        write_atomically(path + ".optimizer",
-                         [&](const std::string& tmp) { torch::save(*optimizer, tmp); });
-      }
+      write_checkpoint(model, optimizer, path);
+    } catch (const c10::Error& e) {
+      error = e.what_without_backtrace();
     } catch (const std::exception& e) {
       error = e.what();
     }
@@ -62,6 +528,8 @@ void save(const DistributedDataParallel& model, torch::optim::Optimizer* optimiz
   DDP_CHECK(failed.cpu().item<int>() == 0, prefix, ": rank 0 could not write '", path, "'",
             error.empty() ? std::string(" (see rank 0's error)") : ": " + error);
 }
+
+// ---- Load ---------------------------------------------------------------------------
 
 // Copies the archive's values into `module`'s tensors, recursively. A copy
 // keeps each parameter's identity and gradient accumulator, where
@@ -86,20 +554,91 @@ void copy_from_archive(torch::nn::Module& module, torch::serialize::InputArchive
   }
 }
 
+// The optimizer file that `manifest` names: PATH.optimizer, or the pending
+// file of a save killed between its commit and the rename (see the narrative
+// at the top). Throws c10::Error saying what was expected and what was found.
+std::string matching_optimizer_file(const std::string& prefix, const std::string& path,
+                                    const Manifest& manifest) {
+  DDP_CHECK(manifest.has_optimizer, prefix, ": '", path,
+            "' holds no optimizer state (it was saved by save_checkpoint(model, path)); expected "
+            "one saved by save_checkpoint(model, optimizer, path), or call "
+            "load_checkpoint(model, path)");
+  const std::string usual = optimizer_path(path);
+  std::optional<Checksum> found_usual;
+  for (const std::string& candidate : {usual, pending_optimizer_path(path, manifest.save_id)}) {
+    std::optional<Checksum> found;
+    try {
+      found = checksum_of_file(candidate);
+    } catch (const std::exception& e) {
+      DDP_CHECK(false, prefix, ": ", e.what());
+    }
+    if (found && found->size() == manifest.optimizer_bytes &&
+        found->value() == manifest.optimizer_checksum) {
+      return candidate;
+    }
+    if (candidate == usual) {
+      found_usual = found;
+    }
+  }
+  DDP_CHECK(found_usual.has_value(), prefix, ": the optimizer state of '", path,
+            "' is missing: expected '", usual, "' (", manifest.optimizer_text(),
+            ", written by the same save), found no such file");
+  DDP_CHECK(false, prefix, ": '", usual, "' does not belong to '", path,
+            "': expected the optimizer state written by the same save (",
+            manifest.optimizer_text(), "), found ", found_usual->size(), " bytes, checksum ",
+            hex64(found_usual->value()),
+            " (a file from another save, or a damaged one); the model and optimizer files must "
+            "come from one save_checkpoint call");
+  return usual; // not reached
+}
+
 void load(DistributedDataParallel& model, torch::optim::Optimizer* optimizer,
           const std::string& path) {
   ProcessGroup& group = *model->process_group();
+  const std::string prefix = who(group, "load_checkpoint");
   const c10::Device device = model->device();
+  std::string reading = path; // the file being read, for the error message
   try {
     torch::serialize::InputArchive archive;
     archive.load_from(path, device);
+    std::optional<Manifest> manifest;
+    c10::IValue manifest_value;
+    if (archive.try_read(kManifestKey, manifest_value)) {
+      try {
+        if (!manifest_value.isString()) {
+          throw std::runtime_error(c10::str("its '", kManifestKey, "' entry is a ",
+                                            manifest_value.tagKind(), ", not a manifest"));
+        }
+        manifest = Manifest::parse(manifest_value.toStringRef());
+      } catch (const std::runtime_error& e) {
+        DDP_CHECK(false, prefix, ": cannot load '", path, "': ", e.what());
+      }
+    }
+    // The optimizer state is checked and read before the model is touched,
+    // so that a refused pair leaves the model as it was. Without a manifest
+    // (an older ddp wrote the file) the pair cannot be checked.
+    torch::serialize::InputArchive optimizer_archive;
+    std::string optimizer_file;
+    if (optimizer != nullptr) {
+      optimizer_file =
+          manifest ? matching_optimizer_file(prefix, path, *manifest) : optimizer_path(path);
+      reading = optimizer_file;
+      optimizer_archive.load_from(optimizer_file, device);
+      reading = path;
+    }
     copy_from_archive(*model->module(), archive);
     if (optimizer != nullptr) {
-      torch::load(*optimizer, path + ".optimizer", device);
+      reading = optimizer_file;
+      optimizer->load(optimizer_archive);
     }
+  } catch (const c10::Error& e) {
+    const std::string what = e.what_without_backtrace();
+    if (what.rfind(prefix, 0) == 0) {
+      throw; // ours, complete already
+    }
+    DDP_CHECK(false, prefix, ": cannot load '", reading, "' onto ", device, ": ", what);
   } catch (const std::exception& e) {
-    DDP_CHECK(false, who(group, "load_checkpoint"), ": cannot load '", path, "' onto ", device,
-              ": ", e.what());
+    DDP_CHECK(false, prefix, ": cannot load '", reading, "' onto ", device, ": ", e.what());
   }
 }
 

@@ -8,7 +8,9 @@ CommHook allreduce() {
   return [](ProcessGroup& group, GradBucket& bucket) -> std::shared_ptr<Work> {
     const at::Tensor& buffer = bucket.buffer();
     if (group.size() == 1) {
-      return Work::completed({buffer}); // the mean of one rank: nothing to send
+      // The mean of one rank: nothing to send. A sparse gradient comes out
+      // coalesced, as from a sparse allreduce.
+      return Work::completed({buffer.is_sparse() ? buffer.coalesce() : buffer});
     }
     buffer.div_(group.size());
     return group.allreduce(buffer);
@@ -20,7 +22,7 @@ CommHook compressing(at::ScalarType wire_dtype) {
   return [wire_dtype](ProcessGroup& group, GradBucket& bucket) -> std::shared_ptr<Work> {
     at::Tensor buffer = bucket.buffer();
     if (group.size() == 1) {
-      return Work::completed({buffer});
+      return Work::completed({buffer.is_sparse() ? buffer.coalesce() : buffer});
     }
     auto compressed = buffer.to(wire_dtype).div_(group.size());
     // Decompressing runs on the process group's thread when the allreduce

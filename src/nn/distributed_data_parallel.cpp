@@ -2,10 +2,23 @@
 // broadcast of rank 0's state), the work around the wrapped module's forward,
 // and the debugging aids. The gradient machinery is the Reducer's
 // (src/reducer/reducer.cpp).
+//
+// Note [Outputs through one node]: with find_unused_parameters, the tensors
+// of a forward's output are replaced by copies made by one autograd node,
+// OutputSink (PyTorch's _DDPSink). A backward from a loss that uses any of
+// them then reaches every part of the output: the outputs the loss does not
+// use get an undefined gradient, which autograd carries down to their
+// parameters' gradient accumulators, so that their hooks still run. The
+// Reducer counts such a parameter as ready but not used (its gradient
+// stays undefined), instead of waiting for it until the next forward
+// reports an unfinished reduction. Being reachable from some output (the
+// graph walk) is not the same as taking part in this backward.
 
 #include <ddp/nn/distributed_data_parallel.h>
 
 #include <ATen/ATen.h>
+#include <torch/csrc/autograd/custom_function.h>
+#include <torch/nn/modules/embedding.h>
 
 #include <sstream>
 #include <unordered_set>
@@ -33,20 +46,25 @@ struct ParameterSignature {
   std::string name;
   std::string dtype;
   std::string shape;
+  std::string gradient; // "sparse" or "dense"
 
   bool operator==(const ParameterSignature& other) const {
-    return name == other.name && dtype == other.dtype && shape == other.shape;
+    return name == other.name && dtype == other.dtype && shape == other.shape &&
+        gradient == other.gradient;
   }
   std::string describe() const {
-    return c10::str("'", name, "' with shape ", shape, " and dtype ", dtype);
+    return c10::str("'", name, "' with shape ", shape, " and dtype ", dtype,
+                    gradient == "sparse" ? " and a sparse gradient" : "");
   }
 };
 
-// One line per parameter: name, dtype, shape separated by tabs.
-std::string encode(const std::vector<std::string>& names, const std::vector<at::Tensor>& tensors) {
+// One line per parameter: name, dtype, shape, gradient separated by tabs.
+std::string encode(const std::vector<std::string>& names, const std::vector<at::Tensor>& tensors,
+                   const std::vector<bool>& sparse_gradients) {
   std::ostringstream out;
   for (size_t i = 0; i < names.size(); ++i) {
-    out << names[i] << '\t' << tensors[i].scalar_type() << '\t' << tensors[i].sizes() << '\n';
+    out << names[i] << '\t' << tensors[i].scalar_type() << '\t' << tensors[i].sizes() << '\t'
+        << (sparse_gradients[i] ? "sparse" : "dense") << '\n';
   }
   return out.str();
 }
@@ -58,16 +76,40 @@ std::vector<ParameterSignature> decode(const std::string& text) {
   while (std::getline(in, line)) {
     const auto a = line.find('\t');
     const auto b = line.find('\t', a + 1);
-    result.push_back({line.substr(0, a), line.substr(a + 1, b - a - 1), line.substr(b + 1)});
+    const auto c = line.find('\t', b + 1);
+    result.push_back({line.substr(0, a), line.substr(a + 1, b - a - 1),
+                      line.substr(b + 1, c - b - 1), line.substr(c + 1)});
   }
   return result;
+}
+
+// The weights whose gradients are sparse: those of the Embedding and
+// EmbeddingBag modules constructed with sparse(true), the modules PyTorch's
+// DistributedDataParallel looks for too (Note [Sparse gradients] in
+// src/reducer/reducer.cpp).
+std::unordered_set<const void*> sparse_gradient_weights(torch::nn::Module& module) {
+  std::unordered_set<const void*> weights;
+  for (const auto& m : module.modules(/*include_self=*/true)) {
+    if (const auto* embedding = dynamic_cast<const torch::nn::EmbeddingImpl*>(m.get())) {
+      if (embedding->options.sparse()) {
+        weights.insert(embedding->weight.unsafeGetTensorImpl());
+      }
+    } else if (const auto* bag = dynamic_cast<const torch::nn::EmbeddingBagImpl*>(m.get())) {
+      if (bag->options.sparse()) {
+        weights.insert(bag->weight.unsafeGetTensorImpl());
+      }
+    }
+  }
+  return weights;
 }
 
 // Every rank learns every rank's parameter list; if any differs from rank
 // 0's, every rank raises the same error naming the first difference.
 void verify_same_parameters(ProcessGroup& group, const std::vector<std::string>& names,
-                            const std::vector<at::Tensor>& tensors, c10::Device device) {
-  const auto all = internal::allgather_strings(group, encode(names, tensors), device);
+                            const std::vector<at::Tensor>& tensors,
+                            const std::vector<bool>& sparse_gradients, c10::Device device) {
+  const auto all =
+      internal::allgather_strings(group, encode(names, tensors, sparse_gradients), device);
   const auto reference = decode(all[0]);
   for (int r = 1; r < group.size(); ++r) {
     const auto theirs = decode(all[r]);
@@ -102,6 +144,30 @@ void verify_same_parameters(ProcessGroup& group, const std::vector<std::string>&
 size_t mebibytes_to_bytes(double mb) {
   return static_cast<size_t>(mb * 1024.0 * 1024.0);
 }
+
+// See Note [Outputs through one node]. Copies, as PyTorch's does: an output
+// that aliased its input would be a view made by a custom function, which
+// autograd forbids modifying in place.
+struct OutputSink : torch::autograd::Function<OutputSink> {
+  // `outputs` as a TensorList: the custom Function machinery takes a
+  // std::vector argument for a non-tensor, and would not track it.
+  static torch::autograd::variable_list forward(torch::autograd::AutogradContext* context,
+                                                at::TensorList outputs) {
+    context->set_materialize_grads(false); // an unused output's gradient stays undefined
+    torch::autograd::variable_list copies;
+    copies.reserve(outputs.size());
+    for (const auto& output : outputs) {
+      copies.push_back(output.clone());
+    }
+    return copies;
+  }
+
+  // Runs on the autograd engine thread.
+  static torch::autograd::variable_list backward(torch::autograd::AutogradContext* /*context*/,
+                                                 torch::autograd::variable_list gradients) {
+    return gradients;
+  }
+};
 
 } // namespace
 
@@ -155,7 +221,9 @@ DistributedDataParallelImpl::DistributedDataParallelImpl(detail::Forwarder forwa
   // Parameters, each once even if shared between submodules.
   std::vector<std::string> names;
   std::vector<at::Tensor> parameters;
+  std::vector<bool> sparse_gradients; // per entry of `parameters`
   std::vector<at::Tensor> all_parameters;
+  const auto sparse_weights = sparse_gradient_weights(*module_);
   std::unordered_set<const void*> seen;
   for (const auto& item : module_->named_parameters(/*recurse=*/true)) {
     const at::Tensor& p = item.value();
@@ -174,6 +242,7 @@ DistributedDataParallelImpl::DistributedDataParallelImpl(detail::Forwarder forwa
     if (p.requires_grad()) {
       names.push_back(item.key());
       parameters.push_back(p);
+      sparse_gradients.push_back(sparse_weights.count(p.unsafeGetTensorImpl()) > 0);
     }
   }
   if (!options_.device_ids().empty() && !all_parameters.empty()) {
@@ -192,7 +261,27 @@ DistributedDataParallelImpl::DistributedDataParallelImpl(detail::Forwarder forwa
   if (!all_parameters.empty()) {
     device_ = all_parameters.front().device();
   }
-  verify_same_parameters(*group_, names, parameters, device_);
+  verify_same_parameters(*group_, names, parameters, sparse_gradients, device_);
+  // After the check, so that every rank (holding the same model) raises.
+  DDP_CHECK(!parameters.empty(), prefix,
+            ": the module has no parameter that requires a gradient (",
+            all_parameters.empty() ? std::string("it has no parameters")
+                                   : c10::str("all ", all_parameters.size(),
+                                              " of its parameters have requires_grad() false"),
+            "); DistributedDataParallel averages gradients, so it is not needed here. Expected at "
+            "least one parameter that requires a gradient; use the module without "
+            "DistributedDataParallel");
+  // Here rather than in backward, and after the check above, so that every
+  // rank (holding the same model and group) raises the same error.
+  for (size_t i = 0; i < parameters.size(); ++i) {
+    DDP_CHECK(!sparse_gradients[i] || group_->supports_sparse_allreduce(device_.type()), prefix,
+              ": parameter '", names[i],
+              "' gets sparse gradients (the weight of an Embedding or EmbeddingBag with "
+              "sparse(true)), but this process group (backend ", group_->backend_name(),
+              ") cannot allreduce sparse tensors on ", device_,
+              ". Only the Gloo backend reduces sparse gradients: create the group with "
+              "Backend::kGloo, or construct the module with sparse(false)");
+  }
   std::vector<at::Tensor> state = all_parameters;
   state.insert(state.end(), buffers_.begin(), buffers_.end());
   internal::broadcast_coalesced(*group_, state, 0);
@@ -203,6 +292,7 @@ DistributedDataParallelImpl::DistributedDataParallelImpl(detail::Forwarder forwa
   config.find_unused_parameters = options_.find_unused_parameters();
   config.gradient_as_bucket_view = options_.gradient_as_bucket_view();
   config.print_insight = internal::env_get(internal::kEnvDebug).value_or("0") == "1";
+  config.sparse_gradients = std::move(sparse_gradients);
   reducer_ = std::make_unique<internal::Reducer>(std::move(parameters), std::move(names), group_,
                                                  config);
 }
@@ -213,18 +303,51 @@ DistributedDataParallelImpl::~DistributedDataParallelImpl() = default;
 
 void DistributedDataParallelImpl::pre_forward() {
   forward_start_ = Clock::now();
+  const bool will_sync_gradients = at::GradMode::is_enabled() && reducer_->require_sync();
+  // As PyTorch: after a forward under no_sync() or without gradients, the
+  // buffers are not broadcast (each rank keeps its own statistics until the
+  // next synchronised step).
+  const bool will_sync_buffers =
+      options_.broadcast_buffers() && !buffers_.empty() && last_forward_synchronised_;
+  int buffer_root = 0;
   if (join_ != nullptr) {
-    join_->on_forward(at::GradMode::is_enabled() && reducer_->require_sync());
+    buffer_root = join_->on_forward(will_sync_gradients, will_sync_buffers);
   }
   reducer_->prepare_for_forward();
-  if (options_.broadcast_buffers()) {
-    internal::broadcast_coalesced(*group_, buffers_, 0);
+  if (will_sync_buffers) {
+    // See Note [Buffers of a live graph] in state_sync.cpp.
+    internal::broadcast_coalesced(*group_, buffers_, buffer_root,
+                                  internal::VersionCounters::kPreserve);
   }
 }
 
-void DistributedDataParallelImpl::post_forward(const std::vector<at::Tensor>& outputs) {
+void DistributedDataParallelImpl::post_forward(const std::vector<at::Tensor*>& outputs) {
+  std::vector<at::Tensor> tensors;
+  tensors.reserve(outputs.size());
+  for (const at::Tensor* output : outputs) {
+    tensors.push_back(*output);
+  }
+  last_forward_synchronised_ = at::GradMode::is_enabled() && reducer_->require_sync();
   if (at::GradMode::is_enabled()) {
-    reducer_->prepare_for_backward(outputs);
+    reducer_->prepare_for_backward(tensors);
+  }
+  if (options_.find_unused_parameters() && at::GradMode::is_enabled()) {
+    // See Note [Outputs through one node]. Tensors outside any graph (no
+    // grad_fn) are left alone, as PyTorch does.
+    std::vector<size_t> routed;
+    torch::autograd::variable_list inputs;
+    for (size_t k = 0; k < tensors.size(); ++k) {
+      if (tensors[k].defined() && tensors[k].grad_fn() != nullptr) {
+        routed.push_back(k);
+        inputs.push_back(tensors[k]);
+      }
+    }
+    if (!inputs.empty()) {
+      auto copies = OutputSink::apply(at::TensorList(inputs));
+      for (size_t j = 0; j < routed.size(); ++j) {
+        *outputs[routed[j]] = std::move(copies[j]);
+      }
+    }
   }
   reducer_->record_forward_ms(
       std::chrono::duration<double, std::milli>(Clock::now() - forward_start_).count());
@@ -273,7 +396,8 @@ std::string IterationInsight::to_string() const {
       << comm_wait_ms << " ms at the end of backward; " << buckets.size() << " bucket(s):";
   for (const auto& bucket : buckets) {
     out << "\n  bucket " << bucket.index << ": " << bucket.parameter_names.size()
-        << " parameter(s), " << bucket.bytes << " bytes " << bucket.dtype << ", started at "
+        << " parameter(s), " << bucket.bytes << " bytes " << bucket.dtype
+        << (bucket.sparse ? " (sparse)" : "") << ", started at "
         << bucket.launch_ms << " ms, done at " << bucket.done_ms << " ms";
   }
   return out.str();

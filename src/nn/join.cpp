@@ -1,13 +1,18 @@
 // Join: how a rank that ran out of data keeps the others going.
 //
-// Every forward of a rank still training starts with a *join allreduce* of
-// [1, will_sync]. A rank in `finish()` contributes [0, 0] instead, so the sum
-// tells it how many ranks still train and whether they will reduce gradients
-// this step. While some do, it *shadows* their step: the same collectives in
-// the same order (bucket rebuild if due, buffer broadcast, one allreduce of
-// zeros per bucket through the communication hook, usage counts). When the
-// sum is 0 every rank has finished; the parameters of the rank that trained
-// the most steps are then broadcast to all.
+// Every forward of a rank still training starts with a *join allreduce* of a
+// *step vector* [reduces gradients, broadcasts buffers, training_0, ...,
+// training_{W-1}]: a rank still training sets its own training_r and the
+// two flags of its step; a rank in `finish()` contributes zeros. The sum
+// tells every rank which ranks still train and what this step does. The
+// highest rank still training is the *authoritative rank*: buffers are
+// broadcast from it, since a finished rank's are stale (PyTorch's
+// `_find_common_rank`). While some rank trains, a finished rank *shadows*
+// the step: the same collectives in the same order (bucket rebuild if due,
+// buffer broadcast, one allreduce of zeros per bucket through the
+// communication hook, and its last parameter usage; see
+// Reducer::shadow_backward). When no rank trains, the parameters and buffers
+// of the rank that trained the most steps are broadcast to all.
 
 #include <ddp/nn/join.h>
 
@@ -21,6 +26,54 @@
 #include "reducer/reducer.h"
 
 namespace ddp {
+
+namespace {
+
+// What the ranks still training do in one step, from the join allreduce.
+struct JoinStep {
+  int training = 0;            // ranks still training
+  int authoritative_rank = -1; // the highest of them
+  bool sync_gradients = false;
+  bool sync_buffers = false;
+};
+
+// The join allreduce (a collective: every rank calls it once per step of
+// the ranks still training, and once more when all have finished).
+JoinStep agree_on_step(ProcessGroup& group, c10::Device device, bool training,
+                       bool sync_gradients, bool sync_buffers) {
+  const int size = group.size();
+  auto vector = at::zeros({2 + size}, at::kInt);
+  if (training) {
+    auto* flags = vector.data_ptr<int>();
+    flags[0] = sync_gradients ? 1 : 0;
+    flags[1] = sync_buffers ? 1 : 0;
+    flags[2 + group.rank()] = 1;
+  }
+  vector = vector.to(device);
+  group.allreduce(vector)->wait();
+  vector = vector.cpu();
+  const auto* sums = vector.data_ptr<int>();
+  JoinStep step;
+  for (int r = 0; r < size; ++r) {
+    if (sums[2 + r] > 0) {
+      ++step.training;
+      step.authoritative_rank = r;
+    }
+  }
+  // Every rank sees the same sums, so every rank raises together.
+  const auto who = c10::str("[rank ", group.rank(), "/", size, "] ddp::Join: ");
+  DDP_CHECK(sums[0] == 0 || sums[0] == step.training, who, sums[0], " of the ", step.training,
+            " ranks still training reduce gradients in this step, expected all or none: the "
+            "ranks still training must use no_sync() and gradient mode in the same steps");
+  DDP_CHECK(sums[1] == 0 || sums[1] == step.training, who, sums[1], " of the ", step.training,
+            " ranks still training broadcast buffers in this step, expected all or none: the "
+            "ranks still training must use no_sync() and gradient mode in the same steps");
+  step.sync_gradients = sums[0] > 0;
+  step.sync_buffers = sums[1] > 0;
+  return step;
+}
+
+} // namespace
 
 Join::Join(DistributedDataParallel& model)
     : model_(model), uncaught_at_start_(std::uncaught_exceptions()) {
@@ -44,10 +97,11 @@ Join::~Join() noexcept {
   }
 }
 
-void Join::on_forward(bool will_sync) {
-  auto counts = at::tensor({1, will_sync ? 1 : 0}, at::kInt).to(model_->device());
-  model_->group_->allreduce(counts)->wait();
+int Join::on_forward(bool will_sync_gradients, bool will_sync_buffers) {
+  const JoinStep step = agree_on_step(*model_->group_, model_->device(), /*training=*/true,
+                                      will_sync_gradients, will_sync_buffers);
   ++steps_trained_;
+  return step.authoritative_rank;
 }
 
 int64_t Join::finish() {
@@ -58,20 +112,22 @@ int64_t Join::finish() {
   ProcessGroup& group = *impl.group_;
   int64_t shadowed = 0;
   for (;;) {
-    auto counts = at::zeros({2}, at::TensorOptions(at::kInt).device(impl.device()));
-    group.allreduce(counts)->wait();
-    counts = counts.cpu();
-    if (counts[0].item<int>() == 0) {
+    const JoinStep step = agree_on_step(group, impl.device(), /*training=*/false, false, false);
+    if (step.training == 0) {
       break;
     }
     // The same collectives as a training rank's forward and backward.
     impl.reducer_->prepare_for_forward();
-    if (impl.options_.broadcast_buffers()) {
-      internal::broadcast_coalesced(group, impl.buffers_, 0);
+    if (step.sync_buffers) {
+      internal::broadcast_coalesced(group, impl.buffers_, step.authoritative_rank,
+                                    internal::VersionCounters::kPreserve);
     }
-    if (counts[1].item<int>() > 0) {
+    if (step.sync_gradients) {
       impl.reducer_->shadow_backward();
     }
+    // As the ranks still training: their next forward broadcasts buffers
+    // only if this one synchronised.
+    impl.last_forward_synchronised_ = step.sync_gradients;
     ++shadowed;
   }
   // Everyone takes the parameters of the rank that trained longest (the

@@ -7,5 +7,6 @@ ddp_add_part(ddp_nn
   src/nn/distributed_data_parallel.cpp
   src/nn/comm_hooks.cpp
   src/nn/join.cpp
-  src/nn/checkpoint.cpp)
+  src/nn/checkpoint.cpp
+  src/nn/sync_batch_norm.cpp)
 target_precompile_headers(ddp_nn PRIVATE <torch/torch.h>)

@@ -1,3 +1,16 @@
+// Note [Buffers of a live graph]: a forward may save a buffer for its
+// backward (BatchNorm saves its running statistics), and a second forward
+// before that backward broadcasts the buffers again. An ordinary in-place
+// copy would bump their version counters, and the first backward would then
+// refuse to run ("modified by an inplace operation"), as in PyTorch 1.13 and
+// 2.11 (PyTorch issue 175024; the fix proposed there keeps the version
+// counters as they were, like kPreserve here). With kPreserve the values are
+// written through `variable_data()`, an alias of the same storage with a
+// version counter of its own. The saved graph then reads the broadcast
+// values; for BatchNorm in training mode, whose backward uses the batch
+// statistics it saved rather than the running ones, the gradients are the
+// same.
+
 #include "nn/state_sync.h"
 
 #include <ATen/ATen.h>
@@ -8,7 +21,8 @@
 
 namespace ddp::internal {
 
-void broadcast_coalesced(ProcessGroup& group, const std::vector<at::Tensor>& tensors, int root) {
+void broadcast_coalesced(ProcessGroup& group, const std::vector<at::Tensor>& tensors, int root,
+                         VersionCounters versions) {
   if (group.size() == 1 || tensors.empty()) {
     return;
   }
@@ -29,7 +43,9 @@ void broadcast_coalesced(ProcessGroup& group, const std::vector<at::Tensor>& ten
     group.broadcast(flat, {root})->wait();
     int64_t offset = 0;
     for (const auto& t : members) {
-      t.detach().view({-1}).copy_(flat.narrow(0, offset, t.numel()));
+      // detach() shares the version counter; variable_data() does not.
+      auto target = versions == VersionCounters::kPreserve ? t.variable_data() : t.detach();
+      target.view({-1}).copy_(flat.narrow(0, offset, t.numel()));
       offset += t.numel();
     }
   }

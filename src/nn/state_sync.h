@@ -13,10 +13,22 @@
 
 namespace ddp::internal {
 
+// What writing the broadcast values into a tensor does to its autograd
+// version counter.
+enum class VersionCounters {
+  // Bumped, as by any in-place write: a graph that saved the tensor refuses
+  // to run backward (parameters).
+  kBump,
+  // Left as they are: a graph that saved the tensor stays usable and reads
+  // the new values. See Note [Buffers of a live graph] in state_sync.cpp.
+  kPreserve,
+};
+
 // Broadcasts `tensors` from `root` in place, packing tensors of one dtype and
 // device into one flat message each (coalesced), in a fixed order so that
 // every rank issues the same collectives. No-op in a world of size 1.
-void broadcast_coalesced(ProcessGroup& group, const std::vector<at::Tensor>& tensors, int root);
+void broadcast_coalesced(ProcessGroup& group, const std::vector<at::Tensor>& tensors, int root,
+                         VersionCounters versions = VersionCounters::kBump);
 
 // Every rank's `mine`, indexed by rank. The bytes travel in tensors on
 // `device` (NCCL moves device tensors only).

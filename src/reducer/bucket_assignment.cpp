@@ -44,6 +44,10 @@ std::vector<std::vector<size_t>> compute_bucket_assignment_by_size(
 
   for (size_t index : order) {
     const auto& spec = gradients[index];
+    if (spec.sparse) {
+      closed.emplace_back(position[index], std::vector<size_t>{index});
+      continue;
+    }
     const Key key{static_cast<int>(spec.dtype), static_cast<int>(spec.device.type()),
                   static_cast<int>(spec.device.index())};
     Open& bucket = open[key];

@@ -9,8 +9,11 @@
 // once its size reaches the current limit. Limits are taken in sequence per
 // (dtype, device), the last one repeating: with {1 MiB, 25 MiB}, the first
 // bucket closes at 1 MiB so that communication starts early, the others at
-// 25 MiB. Buckets come out in the order of their first gradient in fill
-// order, which is the order they become ready and are launched.
+// 25 MiB. A sparse gradient takes a bucket of its own, which closes at once
+// and counts towards no limit (c10d's expect_sparse_gradient: sparse
+// tensors are reduced one per allreduce). Buckets come out in the order of
+// their first gradient in fill order, which is the order they become ready
+// and are launched.
 //
 // A pure function of its inputs: no tensors, no process group (c10d's
 // compute_bucket_assignment_by_size, in our terms).
@@ -28,6 +31,9 @@ struct GradientSpec {
   c10::ScalarType dtype;
   c10::Device device;
   size_t bytes;
+  // The gradient is sparse (an Embedding's with sparse(true)): it gets a
+  // bucket of its own.
+  bool sparse = false;
 };
 
 // Returns buckets of indices into `gradients`. `size_limits_bytes` must not

@@ -19,12 +19,29 @@
 //
 // find_unused_parameters: after forward we walk the autograd graph from the
 // outputs; variables whose accumulator is not reached are *unused* and are
-// marked ready (with their current gradient, or zeros) at the first hook. A
-// per-variable usage count is allreduced too, and a variable unused on every
-// rank keeps its gradient untouched.
+// marked ready (with their current gradient, or zeros) at the first hook.
+// Variables behind an output that the loss does not use are reached by the
+// walk but get an undefined gradient in backward (Note [Outputs through one
+// node] in distributed_data_parallel.cpp): their hooks mark them ready, and
+// they are not counted as used. A per-variable usage count is allreduced
+// too, and a variable unused on every rank keeps its gradient untouched.
 //
 // After the first iteration the buckets are rebuilt in the order gradients
 // actually became ready, using rank 0's order on every rank (broadcast).
+//
+// Note [Sparse gradients]: the weight of an Embedding or EmbeddingBag with
+// sparse(true) gets a sparse COO gradient, which no flat buffer can hold.
+// As in PyTorch, such a variable has a bucket of its own (c10d's
+// expect_sparse_gradient; see bucket_assignment.h) whose `buffer` is the
+// gradient itself, and the communication hook reduces it with the group's
+// sparse allreduce (the default hook divides it by the world size in place
+// first), which leaves it coalesced; DistributedDataParallel has checked at
+// construction that the group can. A rank where the variable has no
+// gradient (unused under find_unused_parameters, or shadowing under Join)
+// sends an empty one, sparse in the first dimension as an Embedding's is. At
+// the end of backward the result is written back into the gradient. A
+// gradient that came out dense (the weight also took part in a dense
+// operation) is sent sparse and written back dense.
 //
 // Note [Bucket views]: `Bucket::views[k]` aliases elements
 // [offset_k, offset_k + numel_k) of `buffer`, shaped like variable k. It
@@ -57,6 +74,20 @@ using Clock = std::chrono::steady_clock;
 double ms_between(Clock::time_point from, Clock::time_point to) {
   return std::chrono::duration<double, std::milli>(to - from).count();
 }
+
+// The gradient of a rank that has none for a sparse variable: no entries,
+// sparse in the first dimension and dense in the others, like an
+// Embedding's, so that every rank's matches (Note [Sparse gradients]).
+at::Tensor empty_sparse_gradient(const at::Tensor& param) {
+  std::vector<int64_t> value_sizes{0};
+  for (int64_t d = 1; d < param.dim(); ++d) {
+    value_sizes.push_back(param.size(d));
+  }
+  const auto options = param.options().requires_grad(false);
+  return at::sparse_coo_tensor(at::empty({1, 0}, options.dtype(at::kLong)),
+                               at::empty(value_sizes, options), param.sizes(),
+                               options.layout(at::kSparse));
+}
 } // namespace
 
 Reducer::Reducer(std::vector<at::Tensor> parameters, std::vector<std::string> names,
@@ -68,16 +99,14 @@ Reducer::Reducer(std::vector<at::Tensor> parameters, std::vector<std::string> na
       device_(parameters_.empty() ? c10::Device(c10::kCPU) : parameters_.front().device()),
       comm_hook_(comm_hooks::allreduce()) {
   const size_t n = parameters_.size();
+  DDP_INTERNAL_ASSERT(config_.sparse_gradients.empty() || config_.sparse_gradients.size() == n,
+                      config_.sparse_gradients.size(), " sparse flags for ", n, " parameters");
   ready_.assign(n, false);
   used_since_sync_.assign(n, false);
   usage_ = at::zeros({static_cast<int64_t>(n)}, at::TensorOptions(at::kInt).device(device_));
 
-  std::vector<GradientSpec> specs;
-  for (const auto& p : parameters_) {
-    specs.push_back({p.scalar_type(), p.device(), static_cast<size_t>(p.nbytes())});
-  }
   initialize_buckets(compute_bucket_assignment_by_size(
-      specs, {config_.first_bucket_bytes, config_.bucket_bytes}));
+      gradient_specs(), {config_.first_bucket_bytes, config_.bucket_bytes}));
 
   grad_accumulators_.resize(n);
   hook_keys_.resize(n);
@@ -136,11 +165,39 @@ double Reducer::ms_since_first_gradient() const {
   return ms_between(first_gradient_time_, Clock::now());
 }
 
+std::vector<GradientSpec> Reducer::gradient_specs() const {
+  std::vector<GradientSpec> specs;
+  for (size_t i = 0; i < parameters_.size(); ++i) {
+    const auto& p = parameters_[i];
+    const bool sparse = !config_.sparse_gradients.empty() && config_.sparse_gradients[i];
+    specs.push_back({p.scalar_type(), p.device(), static_cast<size_t>(p.nbytes()), sparse});
+  }
+  return specs;
+}
+
+size_t Reducer::bucket_bytes(const Bucket& bucket) {
+  return bucket.sparse ? bucket.sparse_bytes : static_cast<size_t>(bucket.buffer.nbytes());
+}
+
 void Reducer::initialize_buckets(const std::vector<std::vector<size_t>>& assignment) {
   std::vector<Bucket> buckets;
   std::vector<VariableLocator> locators(parameters_.size());
+  const auto specs = gradient_specs();
   for (size_t b = 0; b < assignment.size(); ++b) {
     Bucket bucket;
+    if (specs[assignment[b].front()].sparse) {
+      // See Note [Sparse gradients]: one variable, no buffer until its
+      // gradient is ready.
+      const size_t index = assignment[b].front();
+      DDP_INTERNAL_ASSERT(assignment[b].size() == 1, "a sparse bucket of ", assignment[b].size());
+      bucket.sparse = true;
+      bucket.variable_indices.push_back(index);
+      bucket.parameter_names = std::make_shared<const std::vector<std::string>>(
+          std::vector<std::string>{names_[index]});
+      locators[index] = {b, 0};
+      buckets.push_back(std::move(bucket));
+      continue;
+    }
     int64_t total = 0;
     for (size_t index : assignment[b]) {
       total += parameters_[index].numel();
@@ -248,12 +305,8 @@ void Reducer::rebuild_buckets_if_due() {
   for (int64_t k = 0; k < n; ++k) {
     fill_order[k] = static_cast<size_t>(order[k].item<int64_t>());
   }
-  std::vector<GradientSpec> specs;
-  for (const auto& p : parameters_) {
-    specs.push_back({p.scalar_type(), p.device(), static_cast<size_t>(p.nbytes())});
-  }
   initialize_buckets(compute_bucket_assignment_by_size(
-      specs, {config_.first_bucket_bytes, config_.bucket_bytes}, fill_order));
+      gradient_specs(), {config_.first_bucket_bytes, config_.bucket_bytes}, fill_order));
 }
 
 void Reducer::reset_iteration() {
@@ -263,6 +316,9 @@ void Reducer::reset_iteration() {
     bucket.pending = bucket.variable_indices.size();
     bucket.work.reset();
     bucket.launch_ms = 0;
+    if (bucket.sparse) {
+      bucket.buffer = at::Tensor(); // the last gradient: not ours to keep
+    }
   }
   next_bucket_ = 0;
   unused_.clear();
@@ -316,7 +372,14 @@ void Reducer::prepare_for_backward(const std::vector<at::Tensor>& outputs) {
 
 void Reducer::autograd_hook(size_t index) {
   std::lock_guard<std::mutex> lock(mutex_);
-  used_since_sync_[index] = true;
+  // The hook also runs when autograd brings an undefined gradient: an output
+  // the loss did not use (Note [Outputs through one node] in
+  // distributed_data_parallel.cpp). As PyTorch's, such a parameter counts
+  // as used only if it has a gradient, so that one unused everywhere keeps
+  // its gradient untouched.
+  if (parameters_[index].grad().defined()) {
+    used_since_sync_[index] = true;
+  }
   if (!require_sync_ || state_ == State::kIdle) {
     // no_sync(), or a backward that did not start from a DDP forward:
     // gradients just accumulate locally.
@@ -348,18 +411,31 @@ void Reducer::mark_variable_ready(size_t index) {
   }
   const auto& locator = locators_[index];
   Bucket& bucket = buckets_[locator.bucket_index];
-  at::Tensor& view = bucket.views[locator.intra_bucket_index];
   const auto& param = parameters_[index];
   const at::Tensor& grad = param.grad();
-  if (shadowing_ || !grad.defined()) {
-    view.zero_();
-  } else if (config_.gradient_as_bucket_view) {
-    if (!grad.is_alias_of(view)) {
-      view.copy_(grad);
-      const_cast<at::Tensor&>(param).mutable_grad() = view;
+  if (bucket.sparse) {
+    // See Note [Sparse gradients]. Reduced in place, as PyTorch does.
+    if (shadowing_ || !grad.defined()) {
+      bucket.buffer = empty_sparse_gradient(param);
+    } else {
+      bucket.buffer = grad.is_sparse() ? grad : grad.to_sparse(1);
     }
   } else {
-    view.copy_(grad);
+    DDP_CHECK(!grad.defined() || !grad.is_sparse(), who(), ": parameter '", names_[index],
+              "' got a sparse gradient, but DistributedDataParallel expects one only for the "
+              "weight of a torch::nn::Embedding or torch::nn::EmbeddingBag constructed with "
+              "sparse(true); compute it with one of those modules, or densely");
+    at::Tensor& view = bucket.views[locator.intra_bucket_index];
+    if (shadowing_ || !grad.defined()) {
+      view.zero_();
+    } else if (config_.gradient_as_bucket_view) {
+      if (!grad.is_alias_of(view)) {
+        view.copy_(grad);
+        const_cast<at::Tensor&>(param).mutable_grad() = view;
+      }
+    } else {
+      view.copy_(grad);
+    }
   }
   last_gradient_ms_ = ms_since_first_gradient();
   if (--bucket.pending == 0) {
@@ -396,7 +472,8 @@ void Reducer::launch_ready_buckets() {
 
 void Reducer::launch_bucket(size_t bucket_index, const at::Tensor& buffer) {
   Bucket& bucket = buckets_[bucket_index];
-  GradBucket grad_bucket(bucket_index, buckets_.size(), buffer, bucket.views,
+  GradBucket grad_bucket(bucket_index, buckets_.size(), buffer,
+                         bucket.sparse ? std::vector<at::Tensor>{buffer} : bucket.views,
                          bucket.parameter_names);
   bucket.launch_ms = ms_since_first_gradient();
   auto work = comm_hook_(*group_, grad_bucket);
@@ -425,11 +502,16 @@ void Reducer::finalize_backward_locked() {
     Bucket& bucket = buckets_[b];
     bucket.work->wait();
     const auto& result = bucket.work->result();
-    DDP_CHECK(!result.empty() && result[0].numel() == bucket.buffer.numel(), who(),
-              ": the communication hook's result for bucket ", b, " has ",
-              result.empty() ? 0 : result[0].numel(), " elements, expected ",
-              bucket.buffer.numel());
-    if (!result[0].is_same(bucket.buffer)) {
+    DDP_CHECK(!result.empty() && result[0].defined() && result[0].numel() == bucket.buffer.numel(),
+              who(), ": the communication hook's result for bucket ", b, " has ",
+              result.empty() || !result[0].defined() ? 0 : result[0].numel(),
+              " elements, expected ", bucket.buffer.numel());
+    if (bucket.sparse) {
+      bucket.buffer = result[0]; // written back below
+      bucket.sparse_bytes = result[0].is_sparse()
+          ? static_cast<size_t>(result[0]._indices().nbytes() + result[0]._values().nbytes())
+          : static_cast<size_t>(result[0].nbytes());
+    } else if (!result[0].is_same(bucket.buffer)) {
       bucket.buffer.copy_(result[0].reshape({-1}));
     }
   }
@@ -445,6 +527,10 @@ void Reducer::finalize_backward_locked() {
       continue; // unused on every rank: its gradient stays as it was
     }
     const auto& locator = locators_[index];
+    if (buckets_[locator.bucket_index].sparse) {
+      write_sparse_gradient(index, buckets_[locator.bucket_index].buffer);
+      continue;
+    }
     const at::Tensor& view = buckets_[locator.bucket_index].views[locator.intra_bucket_index];
     auto& param = const_cast<at::Tensor&>(parameters_[index]);
     at::Tensor& grad = param.mutable_grad();
@@ -471,8 +557,9 @@ void Reducer::finalize_backward_locked() {
     BucketInsight info;
     info.index = b;
     info.parameter_names = *bucket.parameter_names;
-    info.dtype = c10::toString(bucket.buffer.scalar_type());
-    info.bytes = static_cast<size_t>(bucket.buffer.nbytes());
+    info.dtype = c10::toString(parameters_[bucket.variable_indices.front()].scalar_type());
+    info.bytes = bucket_bytes(bucket);
+    info.sparse = bucket.sparse;
     info.launch_ms = bucket.launch_ms;
     info.done_ms = ms_between(first_gradient_time_, bucket.work->completion_time());
     insight.comm_ms += info.done_ms - info.launch_ms;
@@ -501,14 +588,19 @@ void Reducer::shadow_backward() {
   // Zero buffers in place of the real ones: this rank's gradients stay as
   // they are, and the reduced values are discarded.
   for (size_t b = 0; b < buckets_.size(); ++b) {
-    launch_bucket(b, at::zeros_like(buckets_[b].buffer));
+    launch_bucket(b, buckets_[b].sparse
+                         ? empty_sparse_gradient(parameters_[buckets_[b].variable_indices.front()])
+                         : at::zeros_like(buckets_[b].buffer));
     buckets_[b].pending = 0;
   }
   next_bucket_ = buckets_.size();
   std::fill(ready_.begin(), ready_.end(), true);
   if (config_.find_unused_parameters) {
-    usage_ = at::zeros({static_cast<int64_t>(used_since_sync_.size())},
-                       at::TensorOptions(at::kInt).device(device_));
+    // As PyTorch's joined ranks: `usage_` still holds the usage sums of the
+    // last synchronised step, and this rank sends them again, so that a
+    // parameter that some rank used then counts as used now (the ranks
+    // still training get a zero gradient there, not none). Reduced in
+    // place, as a training rank's: the next shadowed step sends this one's.
     usage_work_ = group_->size() > 1 ? group_->allreduce(usage_) : Work::completed({usage_});
   }
   std::exception_ptr error;
@@ -518,6 +610,10 @@ void Reducer::shadow_backward() {
     }
     if (usage_work_) {
       usage_work_->wait();
+      // Only zero or not matters. With several finished ranks re-sending
+      // the sums, they would multiply every step until int32 wrapped (as
+      // PyTorch's do, in a long enough tail): keep 0 or 1.
+      usage_.clamp_max_(1);
     }
   } catch (...) {
     error = std::current_exception();
@@ -527,6 +623,25 @@ void Reducer::shadow_backward() {
   reset_iteration();
   if (error) {
     std::rethrow_exception(error);
+  }
+}
+
+void Reducer::write_sparse_gradient(size_t index, const at::Tensor& reduced) {
+  auto& param = const_cast<at::Tensor&>(parameters_[index]);
+  at::Tensor& grad = param.mutable_grad();
+  // A communication hook may return the sum dense.
+  const at::Tensor result = reduced.is_sparse() ? reduced : reduced.reshape(param.sizes());
+  if (grad.defined() && grad.is_same(result)) {
+    return; // reduced in place
+  }
+  if (!grad.defined()) {
+    grad = result;
+  } else if (!grad.is_sparse()) {
+    grad.copy_(result.is_sparse() ? result.to_dense() : result);
+  } else if (result.is_sparse()) {
+    grad.copy_(result);
+  } else {
+    grad = result;
   }
 }
 
@@ -547,8 +662,9 @@ std::vector<BucketInsight> Reducer::layout() const {
     BucketInsight info;
     info.index = b;
     info.parameter_names = *buckets_[b].parameter_names;
-    info.dtype = c10::toString(buckets_[b].buffer.scalar_type());
-    info.bytes = static_cast<size_t>(buckets_[b].buffer.nbytes());
+    info.dtype = c10::toString(parameters_[buckets_[b].variable_indices.front()].scalar_type());
+    info.bytes = bucket_bytes(buckets_[b]);
+    info.sparse = buckets_[b].sparse;
     layout.push_back(std::move(info));
   }
   return layout;

@@ -17,6 +17,8 @@
 #include <ddp/nn/comm_hooks.h>
 #include <ddp/nn/distributed_data_parallel.h>
 
+#include "reducer/bucket_assignment.h"
+
 namespace ddp::internal {
 
 struct ReducerConfig {
@@ -25,6 +27,9 @@ struct ReducerConfig {
   bool find_unused_parameters = false;
   bool gradient_as_bucket_view = false;
   bool print_insight = false; // DDP_DEBUG=1, on rank 0
+  // Per parameter, or empty for none: its gradient is sparse (see Note
+  // [Sparse gradients] in reducer.cpp).
+  std::vector<bool> sparse_gradients;
 };
 
 // Thread-safety: the training thread calls the public methods; the autograd
@@ -51,7 +56,8 @@ class Reducer {
   void prepare_for_backward(const std::vector<at::Tensor>& outputs);
 
   // Issues exactly the collectives of a synchronised backward, with zero
-  // gradients, leaving this rank's gradients untouched (ddp::Join).
+  // gradients and the usage sums of the last synchronised step, leaving
+  // this rank's gradients untouched (ddp::Join).
   void shadow_backward();
 
   bool require_sync() const;
@@ -73,8 +79,12 @@ class Reducer {
   };
 
   // One flat buffer of gradients; see Note [Bucket views] in reducer.cpp.
+  // A sparse bucket holds one variable and no views: its `buffer` is this
+  // iteration's sparse gradient (Note [Sparse gradients]).
   struct Bucket {
     at::Tensor buffer;
+    bool sparse = false;
+    size_t sparse_bytes = 0; // the last sparse gradient reduced: indices and values
     std::vector<at::Tensor> views; // per variable, shaped like its parameter
     std::vector<size_t> variable_indices;
     std::shared_ptr<const std::vector<std::string>> parameter_names; // of variable_indices
@@ -92,6 +102,9 @@ class Reducer {
   void mark_variable_ready(size_t index);
   void launch_ready_buckets();
   void launch_bucket(size_t bucket_index, const at::Tensor& buffer);
+  std::vector<GradientSpec> gradient_specs() const;
+  void write_sparse_gradient(size_t index, const at::Tensor& reduced);
+  static size_t bucket_bytes(const Bucket& bucket);
   void finalize_backward();
   void finalize_backward_locked();
   void initialize_buckets(const std::vector<std::vector<size_t>>& assignment);
@@ -127,7 +140,8 @@ class Reducer {
   std::vector<size_t> unused_;            // from the graph walk
   std::vector<size_t> ready_order_;       // first iteration, for rebuilding
   size_t next_bucket_ = 0;
-  at::Tensor usage_;                      // int32 per variable, allreduced
+  at::Tensor usage_;                      // int32 per variable, allreduced in place: after
+                                          // a synchronised step, that step's sums over ranks
   std::shared_ptr<Work> usage_work_;
   bool shadowing_ = false;
 

@@ -18,8 +18,9 @@
 // that many `bytes`, i64 is two's complement.
 //
 //   command       request body                      reply body (Status kOk)
-//   1 hello       u32 magic "DDPS", u32 version,    (empty)
-//                 u8 flags (1: count as a worker)
+//   1 hello       u32 magic "DDPS", u32 version,    i64 idle_timeout_ms
+//                 u8 flags (1: count as a worker),
+//                 bytes token (empty: none)
 //   2 set         bytes key, bytes value            (empty)
 //   3 get         bytes key, i64 timeout_ms         bytes value
 //   4 add         bytes key, i64 delta              i64 new value
@@ -48,7 +49,14 @@
 // allocating the body; and likewise when a field inside the body is longer
 // than its limit or than the body, or the body has bytes left over. The
 // first request on a connection must be hello, whose magic and version the
-// server checks.
+// server checks; until then nothing else is read (see "Bounds" at the top of
+// tcp_store_budget.cpp, which also bounds the server's buffers, and Note
+// [Idle connections] in tcp_store_server.cpp, which closes idle
+// connections). A server with a token answers a hello without it with
+// Status kRefused (body: bytes message) and closes the connection; the
+// client raises IoError and does not retry. The hello's reply carries the
+// server's idle timeout, so that the client can stop reusing a pooled
+// connection before the server would close it.
 //
 // Clients. A TCPStore connects with retries and exponential backoff (10 ms
 // doubling to 1 s) until its timeout, so a server that starts late is found.
@@ -61,6 +69,12 @@
 // pool and returns it afterwards; a call that finds the pool empty opens a
 // new connection, so threads of one process never queue behind another's
 // parked wait. Only the first connection of a TCPStore counts as a worker.
+//
+// Files. The wire protocol (Writer, Reader, the server's checks) is in
+// tcp_store_protocol.{h,cpp}; the server in tcp_store_server.cpp, its buffer
+// budget in tcp_store_budget.cpp, and the class they share in
+// tcp_store_server_loop.h; this file holds the client: its connection pool
+// (TCPStoreClient) and TCPStore.
 
 #include <ddp/store/tcp_store.h>
 
@@ -74,201 +88,13 @@
 #include <algorithm>
 #include <atomic>
 #include <mutex>
+#include <poll.h>
 #include <thread>
 
 namespace ddp {
 namespace internal {
 
 namespace ts = tcp_store;
-
-// ---- Protocol ----------------------------------------------------------------
-
-namespace tcp_store {
-
-uint32_t max_request_body(uint8_t command) {
-  constexpr uint64_t kKey = 4 + uint64_t{kMaxKeyBytes};
-  constexpr uint64_t kValue = 4 + uint64_t{kMaxValueBytes};
-  uint64_t limit = 0;
-  switch (static_cast<Command>(command)) {
-    case Command::kHello:
-      limit = 9;
-      break;
-    case Command::kSet:
-      limit = kKey + kValue;
-      break;
-    case Command::kGet:
-    case Command::kAdd:
-      limit = kKey + 8;
-      break;
-    case Command::kCompareSet:
-      limit = kKey + 2 * kValue;
-      break;
-    case Command::kCheck:
-      limit = kMaxKeyListBytes;
-      break;
-    case Command::kWait:
-      limit = 8 + uint64_t{kMaxKeyListBytes};
-      break;
-    case Command::kDeleteKey:
-      limit = kKey;
-      break;
-    case Command::kNumKeys:
-      limit = 0;
-      break;
-  }
-  return static_cast<uint32_t>(limit);
-}
-
-bool is_command(uint8_t byte) {
-  return byte >= static_cast<uint8_t>(Command::kHello) &&
-      byte <= static_cast<uint8_t>(Command::kNumKeys);
-}
-
-const char* command_name(Command command) {
-  switch (command) {
-    case Command::kHello:
-      return "hello";
-    case Command::kSet:
-      return "set";
-    case Command::kGet:
-      return "get";
-    case Command::kAdd:
-      return "add";
-    case Command::kCompareSet:
-      return "compare_set";
-    case Command::kCheck:
-      return "check";
-    case Command::kWait:
-      return "wait";
-    case Command::kDeleteKey:
-      return "delete_key";
-    case Command::kNumKeys:
-      return "num_keys";
-  }
-  return "unknown";
-}
-
-uint32_t body_length(const uint8_t* header) {
-  return (uint32_t{header[1]} << 24) | (uint32_t{header[2]} << 16) |
-      (uint32_t{header[3]} << 8) | uint32_t{header[4]};
-}
-
-Writer::Writer(uint8_t kind) : buffer_{kind, 0, 0, 0, 0} {}
-
-void Writer::u8(uint8_t value) {
-  buffer_.push_back(value);
-}
-
-void Writer::u32(uint32_t value) {
-  for (int shift = 24; shift >= 0; shift -= 8) {
-    buffer_.push_back(static_cast<uint8_t>(value >> shift));
-  }
-}
-
-void Writer::i64(int64_t value) {
-  const auto bits = static_cast<uint64_t>(value);
-  for (int shift = 56; shift >= 0; shift -= 8) {
-    buffer_.push_back(static_cast<uint8_t>(bits >> shift));
-  }
-}
-
-void Writer::bytes(const void* data, size_t size) {
-  DDP_INTERNAL_ASSERT(size <= UINT32_MAX, "field of ", size, " bytes");
-  u32(static_cast<uint32_t>(size));
-  const auto* p = static_cast<const uint8_t*>(data);
-  buffer_.insert(buffer_.end(), p, p + size);
-}
-
-void Writer::keys(const std::vector<std::string>& keys) {
-  u32(static_cast<uint32_t>(keys.size()));
-  for (const auto& key : keys) {
-    bytes(key);
-  }
-}
-
-std::vector<uint8_t> Writer::finish() && {
-  const size_t body = buffer_.size() - kHeaderBytes;
-  DDP_INTERNAL_ASSERT(body <= UINT32_MAX, "message body of ", body, " bytes");
-  for (int i = 0; i < 4; ++i) {
-    buffer_[1 + i] = static_cast<uint8_t>(body >> (24 - 8 * i));
-  }
-  return std::move(buffer_);
-}
-
-const uint8_t* Reader::take(size_t n, const char* what) {
-  if (size_ - pos_ < n) {
-    throw ProtocolError(
-        std::string(what) + " needs " + std::to_string(n) + " bytes but the body has " +
-        std::to_string(size_ - pos_) + " left");
-  }
-  const uint8_t* p = data_ + pos_;
-  pos_ += n;
-  return p;
-}
-
-uint8_t Reader::u8() {
-  return *take(1, "a u8 field");
-}
-
-uint32_t Reader::u32() {
-  const uint8_t* p = take(4, "a u32 field");
-  return (uint32_t{p[0]} << 24) | (uint32_t{p[1]} << 16) | (uint32_t{p[2]} << 8) | uint32_t{p[3]};
-}
-
-int64_t Reader::i64() {
-  const uint8_t* p = take(8, "an i64 field");
-  uint64_t bits = 0;
-  for (int i = 0; i < 8; ++i) {
-    bits = (bits << 8) | p[i];
-  }
-  return static_cast<int64_t>(bits);
-}
-
-std::string Reader::string(uint32_t max_size, const char* what) {
-  const uint32_t size = u32();
-  if (size > max_size) {
-    throw ProtocolError(
-        std::string(what) + " of " + std::to_string(size) + " bytes is over the limit of " +
-        std::to_string(max_size));
-  }
-  const uint8_t* p = take(size, what);
-  return std::string(reinterpret_cast<const char*>(p), size);
-}
-
-std::vector<uint8_t> Reader::bytes(uint32_t max_size, const char* what) {
-  const uint32_t size = u32();
-  if (size > max_size) {
-    throw ProtocolError(
-        std::string(what) + " of " + std::to_string(size) + " bytes is over the limit of " +
-        std::to_string(max_size));
-  }
-  const uint8_t* p = take(size, what);
-  return std::vector<uint8_t>(p, p + size);
-}
-
-std::vector<std::string> Reader::keys() {
-  const uint32_t count = u32();
-  if (count > kMaxKeysPerRequest) {
-    throw ProtocolError(
-        "a list of " + std::to_string(count) + " keys is over the limit of " +
-        std::to_string(kMaxKeysPerRequest));
-  }
-  std::vector<std::string> keys;
-  // Each key takes 4 bytes at least: never reserve more than the body holds.
-  keys.reserve(std::min<size_t>(count, (size_ - pos_) / 4));
-  for (uint32_t i = 0; i < count; ++i) {
-    keys.push_back(string(kMaxKeyBytes, "key"));
-  }
-  return keys;
-}
-
-void Reader::finish() const {
-  if (pos_ != size_) {
-    throw ProtocolError(std::to_string(size_ - pos_) + " bytes left over at the end of the body");
-  }
-}
-
-} // namespace tcp_store
 
 // ---- Client ------------------------------------------------------------------
 
@@ -281,6 +107,15 @@ constexpr std::chrono::milliseconds kFirstBackoff{10};
 constexpr std::chrono::milliseconds kMaxBackoff{1000};
 // Idle connections a client keeps for reuse; more are closed.
 constexpr size_t kMaxIdleConnections = 8;
+// Longest refusal message a client reads from a hello reply.
+constexpr uint32_t kMaxRefusalBytes = 4096;
+
+// Whether a pooled connection, which should have nothing to read, has been
+// closed (or written to) by the server since it was put back.
+bool stale(const Socket& socket) {
+  pollfd p{socket.fd(), POLLIN | POLLRDHUP, 0};
+  return ::poll(&p, 1, 0) != 0;
+}
 
 } // namespace
 
@@ -294,8 +129,12 @@ class TCPStoreClient {
     std::vector<uint8_t> body;
   };
 
-  TCPStoreClient(std::string host, int port)
-      : host_(std::move(host)), port_(port), address_(host_port(host_, port)) {}
+  // `token` is sent in every hello; empty for none.
+  TCPStoreClient(std::string host, int port, std::string token)
+      : host_(std::move(host)),
+        port_(port),
+        address_(host_port(host_, port)),
+        token_(std::move(token)) {}
 
   // Opens the first connection, the one counted as a worker, retrying until
   // `timeout`.
@@ -360,22 +199,34 @@ class TCPStoreClient {
         address_ + ": " + describe(result));
   }
 
+  // A pooled connection, or a new one. A pooled connection is reused only
+  // while it has been idle for less than half the server's idle timeout, so
+  // that the server never closes one under a request (see Note [Idle
+  // connections] in tcp_store_server.cpp); older ones, and any the server
+  // closed anyway, are dropped here.
   Socket acquire(const char* op, std::chrono::milliseconds timeout) {
+    const auto max_idle = std::chrono::milliseconds(server_idle_timeout_ms_.load()) / 2;
+    const auto now = SteadyClock::now();
+    std::vector<Socket> dropped; // closed outside the lock
     {
       std::lock_guard<std::mutex> lock(mutex_);
-      if (!idle_.empty()) {
-        Socket socket = std::move(idle_.back());
+      while (!idle_.empty()) {
+        Pooled pooled = std::move(idle_.back());
         idle_.pop_back();
-        return socket;
+        if (now - pooled.since < max_idle && !stale(pooled.socket)) {
+          return std::move(pooled.socket);
+        }
+        dropped.push_back(std::move(pooled.socket));
       }
     }
+    dropped.clear();
     return open_connection(op, /*worker=*/false, timeout);
   }
 
   void release(Socket socket) {
     std::lock_guard<std::mutex> lock(mutex_);
     if (idle_.size() < kMaxIdleConnections) {
-      idle_.push_back(std::move(socket));
+      idle_.push_back(Pooled{std::move(socket), SteadyClock::now()});
     }
   }
 
@@ -412,11 +263,21 @@ class TCPStoreClient {
     w.u32(ts::kMagic);
     w.u32(ts::kProtocolVersion);
     w.u8(worker ? ts::kHelloWorkerFlag : 0);
+    w.bytes(token_);
     const std::vector<uint8_t> message = std::move(w).finish();
     IoResult result = send_all(socket.fd(), message.data(), message.size(), deadline);
     uint8_t header[ts::kHeaderBytes] = {};
     if (result.status == IoStatus::kOk) {
       result = recv_all(socket.fd(), header, sizeof(header), deadline);
+    }
+    std::vector<uint8_t> body;
+    const uint32_t length = ts::body_length(header);
+    const bool ok = header[0] == static_cast<uint8_t>(ts::Status::kOk) && length == 8;
+    const bool refused =
+        header[0] == static_cast<uint8_t>(ts::Status::kRefused) && length <= kMaxRefusalBytes;
+    if (result.status == IoStatus::kOk && (ok || refused)) {
+      body.resize(length);
+      result = recv_all(socket.fd(), body.data(), body.size(), deadline);
     }
     if (result.status == IoStatus::kTimedOut) {
       throw TimeoutError(
@@ -429,19 +290,36 @@ class TCPStoreClient {
           " failed (" + describe(result) +
           "); is a ddp TCPStore server of the same version listening there?");
     }
-    if (header[0] != static_cast<uint8_t>(ts::Status::kOk) || ts::body_length(header) != 0) {
+    if (refused) {
+      throw IoError(
+          std::string("TCPStore ") + op + ": the store at " + address_ +
+          " refused this client: wrong or missing DDP_STORE_TOKEN");
+    }
+    if (!ok) {
       throw IoError(
           std::string("TCPStore ") + op + ": " + address_ +
           " answered the handshake unlike a ddp TCPStore server");
     }
+    const int64_t idle_ms = ts::Reader(body.data(), body.size()).i64();
+    if (idle_ms > 0) {
+      server_idle_timeout_ms_.store(idle_ms);
+    }
   }
+
+  struct Pooled {
+    Socket socket;
+    SteadyClock::time_point since;
+  };
 
   const std::string host_;
   const int port_;
   const std::string address_;
+  const std::string token_;
   std::atomic<bool> connected_once_{false};
+  // The idle timeout the server announced in its last hello reply.
+  std::atomic<int64_t> server_idle_timeout_ms_{ts::kMaxTimeoutMs};
   std::mutex mutex_;
-  std::vector<Socket> idle_; // Guarded by mutex_.
+  std::vector<Pooled> idle_; // Guarded by mutex_.
 };
 
 } // namespace internal
@@ -499,11 +377,17 @@ TCPStore::TCPStore(std::string host, TCPStoreOptions options)
   DDP_CHECK(
       !options.num_workers().has_value() || *options.num_workers() >= 1,
       "TCPStore: num_workers must be at least 1 (got ", options.num_workers().value_or(0), ")");
+  const std::string token = ts::store_token(options.token());
   if (options.is_server()) {
-    server_ = std::make_unique<TCPStoreServer>(port_);
+    server_ = std::make_unique<TCPStoreServer>(TCPStoreServerOptions()
+                                                   .port(port_)
+                                                   .token(token)
+                                                   .handshake_timeout(options.handshake_timeout())
+                                                   .idle_timeout(options.idle_timeout())
+                                                   .max_buffered_bytes(options.max_buffered_bytes()));
     port_ = server_->port();
   }
-  client_ = std::make_unique<internal::TCPStoreClient>(host_, port_);
+  client_ = std::make_unique<internal::TCPStoreClient>(host_, port_, token);
   client_->connect(timeout());
   if (server_ != nullptr && options.num_workers().has_value()) {
     server_->wait_for_workers(*options.num_workers(), timeout());

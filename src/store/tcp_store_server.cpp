@@ -1,6 +1,17 @@
 // The TCPStore server: one thread, one poll() loop, every client. The
 // protocol and the design are described at the top of tcp_store.cpp; the
 // terms used here (header, body, parked waiter, refused message) are its.
+// The budget that bounds what the server buffers is in tcp_store_budget.cpp,
+// under "Bounds"; the class both files define, TCPStoreServerLoop, is in
+// tcp_store_server_loop.h.
+//
+// Note [Idle connections]. A greeted connection that neither sends nor
+// receives a byte for the idle timeout is closed, except while it is parked
+// (a get or wait may rightly last days) or throttled (then the wait is the
+// server's). The hello reply tells the client the idle timeout, and the
+// client reuses a pooled connection only within half of it (TCPStoreClient::
+// acquire in tcp_store.cpp), so that a live client never sends a request on a
+// connection the server is closing for idleness.
 
 #include <ddp/store/tcp_store.h>
 
@@ -9,20 +20,20 @@
 #include "store/socket.h"
 #include "store/store_util.h"
 #include "store/tcp_store_protocol.h"
+#include "store/tcp_store_server_loop.h"
 #include "internal/check.h"
 #include "internal/logging.h"
 
 #include <algorithm>
-#include <atomic>
 #include <cerrno>
-#include <condition_variable>
+#include <cstring>
 #include <fcntl.h>
+#include <memory>
 #include <mutex>
 #include <optional>
 #include <poll.h>
 #include <sys/socket.h>
 #include <unistd.h>
-#include <unordered_map>
 
 namespace ddp {
 namespace internal {
@@ -31,142 +42,23 @@ namespace ts = tcp_store;
 
 namespace {
 
-// How much one read takes from a socket; the input buffer never holds more
-// than one header plus one body plus this.
-constexpr size_t kReadChunkBytes = 64 * 1024;
+using std::chrono::milliseconds;
+
+// The most one connection's read takes per wake-up, so that one fast client
+// sending 64 MiB does not keep the loop from the others.
+constexpr size_t kMaxReadPerWakeup = 1 << 20;
 // How long the server stays deaf to new connections after accept() ran out
 // of descriptors, rather than spinning on a listener it cannot drain.
-constexpr std::chrono::milliseconds kAcceptPause{100};
+constexpr milliseconds kAcceptPause{100};
 // How long ~TCPStoreServer waits for its thread.
-constexpr std::chrono::milliseconds kStopTimeout{5000};
+constexpr milliseconds kStopTimeout{5000};
+
+// `start` plus `duration`, which counts as 30 days at most: no overflow.
+SteadyClock::time_point after(SteadyClock::time_point start, milliseconds duration) {
+  return start + std::min(duration, milliseconds(ts::kMaxTimeoutMs));
+}
 
 } // namespace
-
-// The state and loop of one server; runs on the server thread. Only `run`
-// touches the map and the connections; the worker count is shared with the
-// TCPStoreServer methods under `mutex_`.
-//
-// Thread-safety: `run` on the server thread; `request_stop`, `wait_stopped`,
-// `wait_for_workers` and `workers` from any thread.
-class TCPStoreServerLoop {
- public:
-  TCPStoreServerLoop(Socket listener, Socket wake_read, Socket wake_write)
-      : listener_(std::move(listener)),
-        wake_read_(std::move(wake_read)),
-        wake_write_(std::move(wake_write)) {}
-
-  // The body of the server thread. Never throws.
-  void run() noexcept;
-
-  // Asks `run` to return; does not wait.
-  void request_stop() noexcept {
-    stop_.store(true);
-    const uint8_t byte = 1;
-    // A full pipe already holds a wake-up; nothing else can go wrong here.
-    [[maybe_unused]] const ssize_t n = ::write(wake_write_.fd(), &byte, 1);
-  }
-
-  // Waits up to `timeout` for `run` to return; true when it has.
-  bool wait_stopped(std::chrono::milliseconds timeout) {
-    std::unique_lock<std::mutex> lock(mutex_);
-    return changed_.wait_for(lock, timeout, [&] { return stopped_; });
-  }
-
-  void wait_for_workers(int64_t count, std::chrono::milliseconds timeout, int port) {
-    std::unique_lock<std::mutex> lock(mutex_);
-    const bool done = changed_.wait_for(
-        lock, timeout, [&] { return workers_ >= count || stopped_; });
-    if (workers_ >= count) {
-      return;
-    }
-    if (done) {
-      throw IoError(
-          "TCPStore server on port " + std::to_string(port) +
-          ": the server stopped while waiting for " + std::to_string(count) +
-          " workers (" + std::to_string(workers_) + " connected)");
-    }
-    throw TimeoutError(
-        "TCPStore server on port " + std::to_string(port) + ": timed out after " +
-        std::to_string(timeout.count()) + " ms waiting for " +
-        std::to_string(count) + " workers to connect (" +
-        std::to_string(workers_) + " connected)");
-  }
-
-  int64_t workers() {
-    std::lock_guard<std::mutex> lock(mutex_);
-    return workers_;
-  }
-
- private:
-  // A get or wait whose keys were missing: the connection waits here, and
-  // reads no further requests, until they are all set or `deadline` passes.
-  struct Waiter {
-    ts::Command command;
-    std::vector<std::string> keys;
-    SteadyClock::time_point deadline;
-  };
-
-  struct Connection {
-    Socket socket;
-    std::string peer;
-    // Bytes received and not yet handled, from `in_pos` on.
-    std::vector<uint8_t> in;
-    size_t in_pos = 0;
-    // Reply bytes not yet sent, from `out_pos` on.
-    std::vector<uint8_t> out;
-    size_t out_pos = 0;
-    bool greeted = false;
-    std::optional<Waiter> waiter;
-    // Set when the connection is to be dropped at the end of the iteration.
-    bool closing = false;
-
-    bool output_pending() const {
-      return out_pos < out.size();
-    }
-  };
-
-  void loop();
-  void accept_clients();
-  void read_input(uint64_t id, Connection& conn);
-  // Handles every complete request in `conn.in`, until one parks or a reply
-  // cannot be sent at once.
-  void handle_input(uint64_t id, Connection& conn);
-  void handle_request(uint64_t id, Connection& conn, ts::Command command, ts::Reader& body);
-  void reply(Connection& conn, std::vector<uint8_t> message);
-  void flush(Connection& conn);
-  void refuse(Connection& conn, const std::string& why);
-  void park(uint64_t id, Connection& conn, Waiter waiter);
-  void unpark(uint64_t id, Connection& conn);
-  // Answers the parked waiters watching `key` whose keys now all exist.
-  void notify(const std::string& key);
-  void answer_waiter(uint64_t id, Connection& conn, bool timed_out);
-  void expire_waiters();
-  bool has_key(const std::string& key) const {
-    return map_.count(key) > 0;
-  }
-
-  Socket listener_;
-  Socket wake_read_;
-  Socket wake_write_;
-  std::atomic<bool> stop_{false};
-
-  // Only the server thread touches what follows, down to the mutex.
-  std::unordered_map<std::string, std::vector<uint8_t>> map_;
-  std::unordered_map<uint64_t, Connection> connections_;
-  // key -> ids of the connections whose parked waiter includes it.
-  std::unordered_map<std::string, std::vector<uint64_t>> watchers_;
-  // Connections whose waiter was answered: their buffered input is handled
-  // before the next poll.
-  std::vector<uint64_t> resumed_;
-  uint64_t next_id_ = 0;
-  SteadyClock::time_point accept_paused_until_{};
-
-  std::mutex mutex_;
-  // Notified when workers_ or stopped_ change.
-  std::condition_variable changed_;
-  int64_t workers_ = 0;  // Guarded by mutex_.
-  bool stopped_ = false; // Guarded by mutex_.
-};
 
 void TCPStoreServerLoop::run() noexcept {
   try {
@@ -202,26 +94,28 @@ void TCPStoreServerLoop::loop() {
       short events = 0;
       if (conn.output_pending()) {
         events = POLLOUT;
-      } else if (conn.waiter.has_value()) {
-        // Read nothing more while parked, but see the client hang up.
+      } else if (!conn.reads()) {
+        // Parked, throttled or refused: read nothing more, but see the
+        // client hang up.
         events = POLLRDHUP;
-        next_deadline = std::min(next_deadline, conn.waiter->deadline);
       } else {
         events = POLLIN;
       }
+      next_deadline = std::min(next_deadline, deadline_of(conn));
       fds.push_back(pollfd{conn.socket.fd(), events, 0});
       ids.push_back(id);
     }
     if (!accepting) {
       next_deadline = std::min(next_deadline, accept_paused_until_);
     }
+    next_deadline = std::min(next_deadline, warnings_.deadline());
     int timeout_ms = -1;
     if (next_deadline != SteadyClock::time_point::max()) {
       const auto left = next_deadline - SteadyClock::now();
       timeout_ms = left <= SteadyClock::duration::zero()
           ? 0
           : static_cast<int>(std::min<int64_t>(
-                std::chrono::ceil<std::chrono::milliseconds>(left).count(), 60000));
+                std::chrono::ceil<milliseconds>(left).count(), 60000));
     }
 
     const int n = ::poll(fds.data(), fds.size(), timeout_ms);
@@ -256,7 +150,7 @@ void TCPStoreServerLoop::loop() {
         continue;
       }
       if ((revents & (POLLERR | POLLHUP | POLLNVAL)) != 0 ||
-          ((revents & POLLRDHUP) != 0 && conn.waiter.has_value())) {
+          ((revents & POLLRDHUP) != 0 && !conn.reads())) {
         conn.closing = true; // The client went away.
         continue;
       }
@@ -267,28 +161,46 @@ void TCPStoreServerLoop::loop() {
         }
       }
       if ((revents & POLLIN) != 0) {
-        read_input(ids[i], conn);
+        pump(ids[i], conn);
       }
     }
-    expire_waiters();
+    expire(SteadyClock::now());
+    settle();
+    warnings_.tick(SteadyClock::now());
+  }
+}
+
+void TCPStoreServerLoop::settle() {
+  while (true) {
     // Handling a resumed connection's input may set keys and resume others.
     while (!resumed_.empty()) {
       const uint64_t id = resumed_.back();
       resumed_.pop_back();
       auto it = connections_.find(id);
       if (it != connections_.end() && !it->second.closing) {
-        handle_input(id, it->second);
+        pump(id, it->second);
       }
     }
     for (auto it = connections_.begin(); it != connections_.end();) {
       if (it->second.closing) {
-        unpark(it->first, it->second);
+        drop(it->first, it->second);
         it = connections_.erase(it);
       } else {
         ++it;
       }
     }
+    if (retry_due_ && !throttled_.empty()) {
+      retry_throttled();
+    }
+    // A connection refused by a retry must be closed now, not at the next
+    // wake-up, which may be far.
+    const bool closing = std::any_of(
+        connections_.begin(), connections_.end(), [](const auto& c) { return c.second.closing; });
+    if (resumed_.empty() && !closing && !break_deadlock()) {
+      break;
+    }
   }
+  retry_due_ = false;
 }
 
 void TCPStoreServerLoop::accept_clients() {
@@ -300,7 +212,7 @@ void TCPStoreServerLoop::accept_clients() {
         return;
       }
       if (error == EMFILE || error == ENFILE || error == ENOBUFS || error == ENOMEM) {
-        log_warning(
+        warnings_.warn(
             "TCPStore server: cannot accept a connection (" + errno_string(error) +
             "); pausing accepts for " + std::to_string(kAcceptPause.count()) + " ms");
         accept_paused_until_ = SteadyClock::now() + kAcceptPause;
@@ -312,240 +224,301 @@ void TCPStoreServerLoop::accept_clients() {
     Connection conn;
     conn.peer = peer_address(socket.fd());
     conn.socket = std::move(socket);
+    conn.accepted_at = conn.last_activity = SteadyClock::now();
     connections_.emplace(next_id_++, std::move(conn));
   }
 }
 
-void TCPStoreServerLoop::read_input(uint64_t id, Connection& conn) {
-  if (conn.in_pos == conn.in.size()) {
-    conn.in.clear();
-    conn.in_pos = 0;
-    if (conn.in.capacity() > 4 * kReadChunkBytes) {
-      std::vector<uint8_t>().swap(conn.in); // Give back a large value's buffer.
+size_t TCPStoreServerLoop::receive(Connection& conn, uint8_t* data, size_t size) {
+  while (true) {
+    const ssize_t n = ::recv(conn.socket.fd(), data, size, 0);
+    if (n > 0) {
+      conn.last_activity = SteadyClock::now();
+      return static_cast<size_t>(n);
     }
-  }
-  const size_t old_size = conn.in.size();
-  conn.in.resize(old_size + kReadChunkBytes);
-  const ssize_t n = ::recv(conn.socket.fd(), conn.in.data() + old_size, kReadChunkBytes, 0);
-  if (n <= 0) {
-    conn.in.resize(old_size);
-    if (n < 0 && (errno == EAGAIN || errno == EWOULDBLOCK || errno == EINTR)) {
-      return;
+    if (n < 0 && errno == EINTR) {
+      continue;
+    }
+    if (n < 0 && (errno == EAGAIN || errno == EWOULDBLOCK)) {
+      return 0;
     }
     conn.closing = true; // End of file or a reset: the client is gone.
-    return;
-  }
-  conn.in.resize(old_size + static_cast<size_t>(n));
-  handle_input(id, conn);
-}
-
-void TCPStoreServerLoop::handle_input(uint64_t id, Connection& conn) {
-  while (!conn.closing && !conn.waiter.has_value() && !conn.output_pending()) {
-    const size_t available = conn.in.size() - conn.in_pos;
-    if (available < ts::kHeaderBytes) {
-      break;
-    }
-    const uint8_t* header = conn.in.data() + conn.in_pos;
-    // Check the header before waiting for the body: an absurd length is
-    // refused here, never allocated.
-    if (!ts::is_command(header[0])) {
-      refuse(conn, "unknown command byte " + std::to_string(header[0]));
-      return;
-    }
-    const auto command = static_cast<ts::Command>(header[0]);
-    const uint32_t length = ts::body_length(header);
-    const uint32_t limit = ts::max_request_body(header[0]);
-    if (length > limit) {
-      refuse(
-          conn,
-          std::string("the length prefix of a ") + ts::command_name(command) +
-              " request is " + std::to_string(length) +
-              " bytes, over the limit of " + std::to_string(limit));
-      return;
-    }
-    if (available - ts::kHeaderBytes < length) {
-      break; // The body has not all arrived yet.
-    }
-    ts::Reader body(header + ts::kHeaderBytes, length);
-    conn.in_pos += ts::kHeaderBytes + length;
-    try {
-      handle_request(id, conn, command, body);
-    } catch (const ts::ProtocolError& e) {
-      refuse(conn, std::string("malformed ") + ts::command_name(command) + " request: " + e.what());
-      return;
-    }
-  }
-  if (conn.in_pos == conn.in.size()) {
-    conn.in.clear();
-    conn.in_pos = 0;
-  } else if (conn.in_pos > 0 && !conn.waiter.has_value()) {
-    conn.in.erase(conn.in.begin(), conn.in.begin() + static_cast<std::ptrdiff_t>(conn.in_pos));
-    conn.in_pos = 0;
+    return 0;
   }
 }
 
-void TCPStoreServerLoop::handle_request(
+void TCPStoreServerLoop::pump(uint64_t id, Connection& conn) {
+  size_t allowance = kMaxReadPerWakeup;
+  while (conn.reads()) {
+    if (!conn.admitted) {
+      // The header a few bytes at a time at most, each checked as it comes:
+      // nothing is buffered beyond it until it is accepted and admitted.
+      const size_t n = receive(conn, conn.header + conn.header_size, ts::kHeaderBytes - conn.header_size);
+      if (n == 0) {
+        return;
+      }
+      conn.header_size += n;
+      if (auto why = ts::check_header(conn.header, conn.header_size, conn.greeted)) {
+        refuse(conn, *why);
+        return;
+      }
+      if (conn.header_size < ts::kHeaderBytes || !admit(id, conn, /*queued=*/false)) {
+        continue; // reads() is false when throttled
+      }
+    }
+    if (conn.received < conn.body.size()) {
+      if (allowance == 0) {
+        return; // poll() brings us back; the other clients go first.
+      }
+      const size_t want = std::min(conn.body.size() - conn.received, allowance);
+      const size_t n = receive(conn, conn.body.data() + conn.received, want);
+      if (n == 0) {
+        return;
+      }
+      conn.received += n;
+      allowance -= n;
+      continue;
+    }
+    process(id, conn, /*queued=*/false);
+  }
+}
+
+bool TCPStoreServerLoop::process(uint64_t id, Connection& conn, bool queued) {
+  const auto command = static_cast<ts::Command>(conn.header[0]);
+  ts::Request request;
+  try {
+    request = ts::parse_request(command, conn.body.data(), conn.body.size());
+  } catch (const ts::ProtocolError& e) {
+    refuse(conn, std::string("malformed ") + ts::command_name(command) + " request: " + e.what());
+    return false;
+  }
+  if (!handle(id, conn, request, queued)) {
+    return false;
+  }
+  // The request is done with: give its body and what is left of its reply
+  // reserve back.
+  release(conn.in_charge, conn.in_charge);
+  conn.reply_room = 0;
+  Body().swap(conn.body);
+  conn.header_size = 0;
+  conn.admitted = false;
+  conn.received = 0;
+  return true;
+}
+
+bool TCPStoreServerLoop::handle(
     uint64_t id,
     Connection& conn,
-    ts::Command command,
-    ts::Reader& body) {
+    ts::Request& request,
+    bool queued) {
   using ts::Command;
   using ts::Status;
-  if (!conn.greeted && command != Command::kHello) {
-    throw ts::ProtocolError("the first request of a connection must be a hello");
-  }
-  switch (command) {
+  // Each case works out its reply's size first, and changes nothing until
+  // that reply has room. The reply reserve always has it, but for a
+  // compare_set returning a large current value, which may have to wait
+  // (and is then handled again from the start).
+  const auto room = [&](size_t body_bytes) {
+    const size_t bytes = ts::kHeaderBytes + body_bytes;
+    return bytes <= conn.reply_room ||
+        make_room(id, conn, bytes - conn.reply_room, queued, Throttle::kRequest);
+  };
+  const auto status = [](Status s) { return static_cast<uint8_t>(s); };
+  switch (request.command) {
     case Command::kHello: {
-      const uint32_t magic = body.u32();
-      const uint32_t version = body.u32();
-      const uint8_t flags = body.u8();
-      body.finish();
-      if (magic != ts::kMagic) {
-        throw ts::ProtocolError("not a ddp TCPStore client (bad magic)");
+      if (!limits_.token.empty() && !ts::token_matches(limits_.token, request.token)) {
+        const std::string why = "wrong or missing DDP_STORE_TOKEN";
+        if (!room(4 + why.size())) {
+          return false;
+        }
+        warnings_.warn(
+            "TCPStore server: refused the handshake of " + conn.peer +
+            ": wrong or missing DDP_STORE_TOKEN");
+        ts::Writer w(status(Status::kRefused), 4 + why.size());
+        w.bytes(why);
+        conn.close_after_output = true;
+        reply(conn, std::move(w).finish());
+        return true;
       }
-      if (version != ts::kProtocolVersion) {
-        throw ts::ProtocolError(
-            "protocol version " + std::to_string(version) + ", this server speaks " +
-            std::to_string(ts::kProtocolVersion));
+      if (!room(8)) {
+        return false;
       }
       conn.greeted = true;
-      if ((flags & ts::kHelloWorkerFlag) != 0) {
+      if ((request.flags & ts::kHelloWorkerFlag) != 0) {
         {
           std::lock_guard<std::mutex> lock(mutex_);
           ++workers_;
         }
         changed_.notify_all();
       }
-      reply(conn, ts::Writer(static_cast<uint8_t>(Status::kOk)).finish());
-      return;
+      // The idle timeout, so that the client knows when to stop reusing a
+      // pooled connection (Note [Idle connections]).
+      ts::Writer w(status(Status::kOk), 8);
+      w.i64(limits_.idle_timeout.count());
+      reply(conn, std::move(w).finish());
+      return true;
     }
     case Command::kSet: {
-      std::string key = body.string(ts::kMaxKeyBytes, "key");
-      std::vector<uint8_t> value = body.bytes(ts::kMaxValueBytes, "value");
-      body.finish();
-      map_[key] = std::move(value);
-      reply(conn, ts::Writer(static_cast<uint8_t>(Status::kOk)).finish());
-      notify(key);
-      return;
+      if (!room(0)) {
+        return false;
+      }
+      map_[request.key].assign(request.value.data, request.value.data + request.value.size);
+      reply(conn, ts::Writer(status(Status::kOk)).finish());
+      notify(request.key);
+      return true;
     }
     case Command::kGet:
     case Command::kWait: {
-      std::vector<std::string> keys;
-      int64_t timeout_ms = 0;
-      if (command == Command::kGet) {
-        keys.push_back(body.string(ts::kMaxKeyBytes, "key"));
-        timeout_ms = body.i64();
-      } else {
-        timeout_ms = body.i64();
-        keys = body.keys();
-      }
-      body.finish();
-      if (timeout_ms < 0) {
-        throw ts::ProtocolError("negative timeout " + std::to_string(timeout_ms));
-      }
-      timeout_ms = std::min(timeout_ms, ts::kMaxTimeoutMs);
+      std::vector<std::string> keys = request.command == Command::kGet
+          ? std::vector<std::string>{request.key}
+          : std::move(request.keys);
+      const bool ready =
+          std::all_of(keys.begin(), keys.end(), [&](const std::string& k) { return has_key(k); });
       Waiter waiter{
-          command, std::move(keys), SteadyClock::now() + std::chrono::milliseconds(timeout_ms)};
-      const bool ready = std::all_of(
-          waiter.keys.begin(), waiter.keys.end(), [&](const std::string& k) { return has_key(k); });
-      park(id, conn, std::move(waiter));
-      if (ready) {
-        answer_waiter(id, conn, /*timed_out=*/false);
+          request.command, std::move(keys), SteadyClock::now() + milliseconds(request.number)};
+      if (!ready) {
+        park(id, conn, std::move(waiter));
+        return true;
       }
-      return;
+      if (request.command == Command::kWait) {
+        reply(conn, ts::Writer(status(Status::kOk)).finish()); // within the reserve
+        return true;
+      }
+      // A get's value was not reserved for: without room, it waits parked,
+      // holding no buffer, and is answered in its turn (try_answer).
+      const size_t body_bytes = 4 + map_.at(request.key).size();
+      if (!make_room(id, conn, ts::kHeaderBytes + body_bytes, queued, Throttle::kAnswer)) {
+        park(id, conn, std::move(waiter));
+        return true;
+      }
+      ts::Writer w(status(Status::kOk), body_bytes);
+      w.bytes(map_.at(request.key));
+      reply(conn, std::move(w).finish());
+      return true;
     }
     case Command::kAdd: {
-      std::string key = body.string(ts::kMaxKeyBytes, "key");
-      const int64_t delta = body.i64();
-      body.finish();
+      // A counter is at most 20 characters, and a message quotes at most 32
+      // of a value: 64 bytes give the same outcome as the whole value
+      // without copying a large one.
       std::optional<std::vector<uint8_t>> current;
-      auto it = map_.find(key);
+      auto it = map_.find(request.key);
       if (it != map_.end()) {
-        current = it->second;
+        const size_t n = std::min<size_t>(it->second.size(), 64);
+        current.emplace(it->second.begin(), it->second.begin() + static_cast<std::ptrdiff_t>(n));
       }
       int64_t result = 0;
       try {
-        result = add_to_counter("TCPStore add", key, current, delta);
+        result = add_to_counter("TCPStore add", request.key, current, request.number);
       } catch (const c10::Error& e) {
-        ts::Writer w(static_cast<uint8_t>(Status::kBadRequest));
-        w.bytes(std::string(e.what_without_backtrace()));
+        std::string message = e.what_without_backtrace();
+        // The message quotes the key and a little of the value: it fits the
+        // reserve, but is cut to it should a c10 version say more.
+        message.resize(std::min(message.size(), conn.reply_room - ts::kHeaderBytes - 4));
+        if (!room(4 + message.size())) {
+          return false;
+        }
+        ts::Writer w(status(Status::kBadRequest), 4 + message.size());
+        w.bytes(message);
         reply(conn, std::move(w).finish());
-        return;
+        return true;
       }
-      map_[key] = counter_bytes(result);
-      ts::Writer w(static_cast<uint8_t>(Status::kOk));
+      if (!room(8)) {
+        return false;
+      }
+      map_[request.key] = counter_bytes(result);
+      ts::Writer w(status(Status::kOk), 8);
       w.i64(result);
       reply(conn, std::move(w).finish());
-      notify(key);
-      return;
+      notify(request.key);
+      return true;
     }
     case Command::kCompareSet: {
-      std::string key = body.string(ts::kMaxKeyBytes, "key");
-      std::vector<uint8_t> expected = body.bytes(ts::kMaxValueBytes, "expected value");
-      std::vector<uint8_t> desired = body.bytes(ts::kMaxValueBytes, "desired value");
-      body.finish();
-      std::optional<std::vector<uint8_t>> current;
-      auto it = map_.find(key);
-      if (it != map_.end()) {
-        current = it->second;
+      // The outcome of compare_set_outcome (store_util.h), on views: the
+      // result is the value held afterwards, or `expected` for a missing key.
+      const ts::ByteView expected = request.expected;
+      const ts::ByteView desired = request.value;
+      auto it = map_.find(request.key);
+      bool swap = false;
+      ts::ByteView result;
+      if (it == map_.end()) {
+        swap = expected.size == 0;
+        result = swap ? desired : expected;
+      } else {
+        const std::vector<uint8_t>& current = it->second;
+        swap = current.size() == expected.size &&
+            (expected.size == 0 || std::memcmp(current.data(), expected.data, expected.size) == 0);
+        result = swap ? desired : ts::ByteView{current.data(), current.size()};
       }
-      std::vector<uint8_t> result;
-      auto next = compare_set_outcome(current, expected, desired, result);
-      ts::Writer w(static_cast<uint8_t>(Status::kOk));
-      w.bytes(result);
+      if (!room(4 + result.size)) {
+        return false;
+      }
+      ts::Writer w(status(Status::kOk), 4 + result.size);
+      w.bytes(result.data, result.size);
       reply(conn, std::move(w).finish());
-      if (next.has_value()) {
-        map_[key] = std::move(*next);
-        notify(key);
+      if (swap) {
+        map_[request.key].assign(desired.data, desired.data + desired.size);
+        notify(request.key);
       }
-      return;
+      return true;
     }
     case Command::kCheck: {
-      const std::vector<std::string> keys = body.keys();
-      body.finish();
+      if (!room(1)) {
+        return false;
+      }
       const bool all = std::all_of(
-          keys.begin(), keys.end(), [&](const std::string& k) { return has_key(k); });
-      ts::Writer w(static_cast<uint8_t>(Status::kOk));
+          request.keys.begin(), request.keys.end(), [&](const std::string& k) { return has_key(k); });
+      ts::Writer w(status(Status::kOk), 1);
       w.u8(all ? 1 : 0);
       reply(conn, std::move(w).finish());
-      return;
+      return true;
     }
     case Command::kDeleteKey: {
-      const std::string key = body.string(ts::kMaxKeyBytes, "key");
-      body.finish();
-      ts::Writer w(static_cast<uint8_t>(Status::kOk));
-      w.u8(map_.erase(key) > 0 ? 1 : 0);
+      if (!room(1)) {
+        return false;
+      }
+      ts::Writer w(status(Status::kOk), 1);
+      w.u8(map_.erase(request.key) > 0 ? 1 : 0);
       reply(conn, std::move(w).finish());
-      return;
+      return true;
     }
     case Command::kNumKeys: {
-      body.finish();
-      ts::Writer w(static_cast<uint8_t>(Status::kOk));
+      if (!room(8)) {
+        return false;
+      }
+      ts::Writer w(status(Status::kOk), 8);
       w.i64(static_cast<int64_t>(map_.size()));
       reply(conn, std::move(w).finish());
-      return;
+      return true;
     }
   }
-  throw ts::ProtocolError("unhandled command"); // is_command() let it through
+  refuse(conn, "unhandled command"); // parse_request let it through
+  return false;
 }
 
 void TCPStoreServerLoop::reply(Connection& conn, std::vector<uint8_t> message) {
-  if (conn.output_pending()) {
-    conn.out.insert(conn.out.end(), message.begin(), message.end());
-  } else {
-    conn.out = std::move(message);
-    conn.out_pos = 0;
-  }
+  // Out of the request's reply reserve first; room for the rest was made.
+  const size_t bytes = message.capacity();
+  const size_t reserved = std::min(bytes, conn.reply_room);
+  conn.reply_room -= reserved;
+  release(conn.in_charge, reserved);
+  charge(conn.out_charge, bytes);
+  conn.out.push_back(std::move(message));
   flush(conn);
 }
 
 void TCPStoreServerLoop::flush(Connection& conn) {
   while (conn.output_pending()) {
-    const ssize_t n = ::send(
-        conn.socket.fd(), conn.out.data() + conn.out_pos, conn.out.size() - conn.out_pos,
-        MSG_NOSIGNAL);
+    const std::vector<uint8_t>& first = conn.out.front();
+    const ssize_t n = ::send(conn.socket.fd(), first.data() + conn.out_pos,
+                             first.size() - conn.out_pos, MSG_NOSIGNAL);
     if (n > 0) {
+      conn.last_activity = SteadyClock::now();
       conn.out_pos += static_cast<size_t>(n);
+      if (conn.out_pos == first.size()) {
+        const size_t bytes = first.capacity();
+        conn.out.pop_front();
+        conn.out_pos = 0;
+        release(conn.out_charge, bytes);
+      }
       continue;
     }
     if (n < 0 && errno == EINTR) {
@@ -557,20 +530,16 @@ void TCPStoreServerLoop::flush(Connection& conn) {
     conn.closing = true; // The client is gone.
     return;
   }
-  conn.out.clear();
-  conn.out_pos = 0;
-  if (conn.out.capacity() > 4 * kReadChunkBytes) {
-    std::vector<uint8_t>().swap(conn.out);
+  if (conn.close_after_output) {
+    conn.closing = true;
   }
 }
 
 void TCPStoreServerLoop::refuse(Connection& conn, const std::string& why) {
-  log_warning(
+  warnings_.warn(
       "TCPStore server: refused a message from " + conn.peer +
       " and dropped its connection: " + why);
   conn.closing = true;
-  conn.in.clear();
-  conn.in_pos = 0;
 }
 
 void TCPStoreServerLoop::park(uint64_t id, Connection& conn, Waiter waiter) {
@@ -606,68 +575,130 @@ void TCPStoreServerLoop::notify(const std::string& key) {
   if (it == watchers_.end()) {
     return;
   }
-  const std::vector<uint64_t> ids = it->second; // answer_waiter edits the list
+  const std::vector<uint64_t> ids = it->second; // try_answer edits the list
   for (const uint64_t id : ids) {
     auto conn_it = connections_.find(id);
-    if (conn_it == connections_.end() || !conn_it->second.waiter.has_value()) {
-      continue;
+    if (conn_it == connections_.end() || !conn_it->second.waiter.has_value() ||
+        conn_it->second.throttle != Throttle::kNone) {
+      continue; // A throttled waiter is answered in its turn.
     }
-    Connection& conn = conn_it->second;
-    const auto& keys = conn.waiter->keys;
-    if (std::all_of(keys.begin(), keys.end(), [&](const std::string& k) { return has_key(k); })) {
-      answer_waiter(id, conn, /*timed_out=*/false);
+    if (try_answer(id, conn_it->second, /*queued=*/false)) {
       resumed_.push_back(id);
     }
   }
 }
 
-void TCPStoreServerLoop::answer_waiter(uint64_t id, Connection& conn, bool timed_out) {
+bool TCPStoreServerLoop::try_answer(uint64_t id, Connection& conn, bool queued) {
   const Waiter& waiter = *conn.waiter;
-  std::vector<uint8_t> message;
-  if (timed_out) {
-    std::vector<std::string> missing;
-    for (const auto& key : waiter.keys) {
-      if (!has_key(key)) {
-        missing.push_back(key);
-      }
+  std::vector<std::string> missing;
+  for (const auto& key : waiter.keys) {
+    if (!has_key(key)) {
+      missing.push_back(key);
     }
-    ts::Writer w(static_cast<uint8_t>(ts::Status::kTimedOut));
+  }
+  if (!missing.empty() && SteadyClock::now() < waiter.deadline) {
+    // Not ready after all (a key was deleted while it waited for room):
+    // back to waiting.
+    unthrottle(id, conn);
+    return false;
+  }
+  size_t body_bytes = 0;
+  if (!missing.empty()) {
+    body_bytes = 4;
+    for (const auto& key : missing) {
+      body_bytes += 4 + key.size();
+    }
+  } else if (waiter.command == ts::Command::kGet) {
+    body_bytes = 4 + map_.at(waiter.keys.front()).size();
+  }
+  if (!make_room(id, conn, ts::kHeaderBytes + body_bytes, queued, Throttle::kAnswer)) {
+    return false;
+  }
+  std::vector<uint8_t> message;
+  if (!missing.empty()) {
+    ts::Writer w(static_cast<uint8_t>(ts::Status::kTimedOut), body_bytes);
     w.keys(missing);
     message = std::move(w).finish();
   } else {
-    ts::Writer w(static_cast<uint8_t>(ts::Status::kOk));
+    ts::Writer w(static_cast<uint8_t>(ts::Status::kOk), body_bytes);
     if (waiter.command == ts::Command::kGet) {
       w.bytes(map_.at(waiter.keys.front()));
     }
     message = std::move(w).finish();
   }
   unpark(id, conn);
+  conn.last_activity = SteadyClock::now(); // the idle clock starts again
   reply(conn, std::move(message));
+  return true;
 }
 
-void TCPStoreServerLoop::expire_waiters() {
-  const auto now = SteadyClock::now();
+SteadyClock::time_point TCPStoreServerLoop::deadline_of(const Connection& conn) const {
+  if (!conn.greeted) {
+    return after(conn.accepted_at, limits_.handshake_timeout);
+  }
+  if (conn.throttle != Throttle::kNone) {
+    return SteadyClock::time_point::max(); // woken by released memory
+  }
+  if (conn.waiter.has_value()) {
+    return conn.waiter->deadline;
+  }
+  return after(conn.last_activity, limits_.idle_timeout);
+}
+
+void TCPStoreServerLoop::expire(SteadyClock::time_point now) {
   for (auto& [id, conn] : connections_) {
-    if (!conn.closing && conn.waiter.has_value() && conn.waiter->deadline <= now) {
-      answer_waiter(id, conn, /*timed_out=*/true);
-      resumed_.push_back(id);
+    if (conn.closing || deadline_of(conn) > now) {
+      continue;
+    }
+    if (!conn.greeted) {
+      warnings_.warn(
+          "TCPStore server: closed the connection of " + conn.peer +
+          ": no handshake within " + std::to_string(limits_.handshake_timeout.count()) + " ms");
+      conn.closing = true;
+    } else if (conn.waiter.has_value()) {
+      if (try_answer(id, conn, /*queued=*/false)) {
+        resumed_.push_back(id);
+      }
+    } else {
+      // Idle: quietly, since a client holding a TCPStore it no longer uses
+      // leaves its pooled connections so (Note [Idle connections]).
+      conn.closing = true;
     }
   }
 }
 
 } // namespace internal
 
-TCPStoreServer::TCPStoreServer(int port) {
+TCPStoreServer::TCPStoreServer(int port) : TCPStoreServer(TCPStoreServerOptions().port(port)) {}
+
+TCPStoreServer::TCPStoreServer(TCPStoreServerOptions options) {
+  int port = options.port();
   DDP_CHECK(
       port >= 0 && port <= 65535,
       "TCPStoreServer: port must be in [0, 65535] (got ", port, ")");
+  DDP_CHECK(
+      options.handshake_timeout().count() > 0,
+      "TCPStoreServer: handshake_timeout must be positive (got ",
+      options.handshake_timeout().count(), " ms)");
+  DDP_CHECK(
+      options.idle_timeout().count() > 0, "TCPStoreServer: idle_timeout must be positive (got ",
+      options.idle_timeout().count(), " ms)");
+  DDP_CHECK(
+      options.max_buffered_bytes() >= kTCPStoreMinBufferedBytes,
+      "TCPStoreServer: max_buffered_bytes must be at least kTCPStoreMinBufferedBytes (",
+      kTCPStoreMinBufferedBytes, " bytes: the largest request with its reply, and the reserve "
+      "for small messages) (got ", options.max_buffered_bytes(), ")");
+  internal::TCPStoreServerLoop::Limits limits{
+      internal::tcp_store::store_token(options.token()), options.handshake_timeout(),
+      options.idle_timeout(), static_cast<size_t>(options.max_buffered_bytes())};
   internal::Socket listener = internal::listen_on(port, &port_);
   int pipe_fds[2];
   if (::pipe2(pipe_fds, O_NONBLOCK | O_CLOEXEC) != 0) {
     throw IoError("TCPStore server: pipe2(): " + internal::errno_string(errno));
   }
   loop_ = std::make_shared<internal::TCPStoreServerLoop>(
-      std::move(listener), internal::Socket(pipe_fds[0]), internal::Socket(pipe_fds[1]));
+      std::move(listener), internal::Socket(pipe_fds[0]), internal::Socket(pipe_fds[1]),
+      std::move(limits));
   // The thread holds its own reference: see ~TCPStoreServer.
   thread_ = std::thread([loop = loop_] { loop->run(); });
 }
@@ -701,6 +732,14 @@ void TCPStoreServer::wait_for_workers(int64_t count, std::chrono::milliseconds t
 
 int64_t TCPStoreServer::num_workers_connected() const {
   return loop_->workers();
+}
+
+int64_t TCPStoreServer::buffered_bytes() const {
+  return loop_->buffered();
+}
+
+int64_t TCPStoreServer::peak_buffered_bytes() const {
+  return loop_->peak_buffered();
 }
 
 } // namespace ddp

@@ -3,11 +3,8 @@
 # The sampler's unit tests link a fake default process group
 # (fake_default_placement.cpp) in place of ddp_data_pg, so they need neither
 # ddp_comm nor a running group. The parity test runs sampler_reference.py with
-# DDP_TEST_PYTHON, Debian's interpreter that has torch (it skips when that
+# DDP_TEST_PYTHON (tests/CMakeLists.txt; it fails, never skips, when that
 # cannot import torch).
-set(DDP_TEST_PYTHON "/usr/bin/python3" CACHE FILEPATH
-    "Python interpreter with torch, for the parity tests against PyTorch")
-
 ddp_add_gtest(distributed_sampler_test
   SOURCES data/distributed_sampler_test.cpp data/fake_default_placement.cpp
   LIBS ddp_data ddp_internal
@@ -21,6 +18,7 @@ target_compile_definitions(distributed_sampler_test PRIVATE
 ddp_add_gtest(distributed_sampler_group_test
   SOURCES data/distributed_sampler_group_test.cpp
   LIBS ddp_data ddp_data_pg ddp_comm ddp_comm_gloo ddp_stores ddp_internal
-       # init.cpp of a CUDA build creates ProcessGroupNCCL for kAuto/kNccl.
+       # init.cpp creates ProcessGroupNCCL and ProcessGroupMPI when built.
        $<$<BOOL:${DDP_HAVE_NCCL}>:ddp_nccl>
+       $<$<BOOL:${DDP_HAVE_MPI}>:ddp_comm_mpi>
   TIMEOUT 60)

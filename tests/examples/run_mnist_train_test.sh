@@ -8,6 +8,11 @@
 #     A run stopped after epoch 1 and resumed with --resume must end with
 #     bit-identical parameters (same checksum) and the same epoch-2 metrics as
 #     an uninterrupted run.
+#   run_mnist_train_test.sh DDPRUN MNIST_TRAIN WORK_DIR restart
+#     Under ddprun --max-restarts 1, rank 1 kills itself in the middle of
+#     epoch 2 (MNIST_TRAIN_TEST_CRASH); ddprun restarts the group, which
+#     resumes from epoch 1's checkpoint by itself and must end with the
+#     parameters and epoch-2 metrics of an uninterrupted run.
 #   run_mnist_train_test.sh DDPRUN MNIST_TRAIN WORK_DIR idx
 #     Reads a small data set in MNIST's IDX format with --data, and reports a
 #     truncated file clearly.
@@ -16,7 +21,7 @@
 set -eu
 
 if [ $# -ne 4 ]; then
-  echo "usage: $0 DDPRUN MNIST_TRAIN WORK_DIR accuracy|resume|idx" >&2
+  echo "usage: $0 DDPRUN MNIST_TRAIN WORK_DIR accuracy|resume|restart|idx" >&2
   exit 2
 fi
 ddprun=$1
@@ -33,11 +38,14 @@ fail() {
 }
 
 # run NAME ARGS...: runs mnist_train on 2 ranks, output in $work/NAME.log.
+# ddprun also gets $ddprun_flags.
+ddprun_flags=""
 run() {
   name=$1
   shift
-  echo "+ ddprun --nproc-per-node 2 mnist_train $*"
-  if ! "$ddprun" --nproc-per-node 2 "$train" "$@" >"$work/$name.log" 2>&1; then
+  echo "+ ddprun --nproc-per-node 2 $ddprun_flags mnist_train $*"
+  # shellcheck disable=SC2086 # $ddprun_flags is a list of flags
+  if ! "$ddprun" --nproc-per-node 2 $ddprun_flags "$train" "$@" >"$work/$name.log" 2>&1; then
     cat "$work/$name.log"
     fail "mnist_train ($name) exited with an error"
   fi
@@ -105,6 +113,38 @@ case "$mode" in
     [ "$rows" = 2 ] || fail "expected 2 rows in the resumed run's CSV, found $rows"
     echo "OK: stopped after epoch 1 and resumed, the parameters match an uninterrupted run (checksum $a)"
     ;;
+  restart)
+    common="--epochs 2 --train-size 1200 --test-size 200 --lr 0.03"
+    # shellcheck disable=SC2086 # $common is a list of flags
+    run straight $common --checkpoint-dir "$work/straight" --csv "$work/straight.csv"
+    # 10 steps per epoch: rank 1 dies at step 5 of epoch 2, after epoch 1's checkpoint.
+    ddprun_flags="--max-restarts 1"
+    # shellcheck disable=SC2086
+    MNIST_TRAIN_TEST_CRASH=1:2:5 run restarted $common --checkpoint-dir "$work/restarted" \
+      --csv "$work/restarted.csv"
+    ddprun_flags=""
+    grep -q 'rank 1 kills itself after epoch 2 step 5' "$work/restarted.log" ||
+      fail "rank 1 did not kill itself in epoch 2"
+    grep -q '^ddprun: rank [01] .*; restarting the group (restart 1 of 1)$' "$work/restarted.log" ||
+      fail "ddprun did not say that it restarted the group"
+    grep -q 'the launcher restarted the job (restart 1): resuming' "$work/restarted.log" ||
+      fail "mnist_train did not see the restart"
+    grep -q 'resumed from .*restarted/epoch-1.pt' "$work/restarted.log" ||
+      fail "the restarted run did not resume from epoch 1"
+
+    a=$(checksum "$work/straight.log")
+    b=$(checksum "$work/restarted.log")
+    [ -n "$a" ] || fail "no checksum in the uninterrupted run's output"
+    [ "$a" = "$b" ] || fail "final parameters differ: checksum $a uninterrupted, $b killed and restarted"
+    for column in 2 3; do # train_loss, test_accuracy
+      x=$(csv_field "$work/straight.csv" 2 $column)
+      y=$(csv_field "$work/restarted.csv" 2 $column)
+      [ "$x" = "$y" ] || fail "epoch 2, CSV column $column: $x uninterrupted, $y restarted"
+    done
+    rows=$(grep -c '^[0-9]' "$work/restarted.csv" || true)
+    [ "$rows" = 2 ] || fail "expected 2 rows in the restarted run's CSV, found $rows"
+    echo "OK: rank 1 killed in epoch 2, the group restarted and resumed; the parameters match an uninterrupted run (checksum $a)"
+    ;;
   idx)
     mkdir -p "$work/data"
     write_idx "$work/data" train 300
@@ -125,7 +165,7 @@ case "$mode" in
     echo "OK: read the IDX files; a truncated one is reported as: $(cat "$work/truncated.log")"
     ;;
   *)
-    echo "$0: unknown mode '$mode' (expected accuracy, resume or idx)" >&2
+    echo "$0: unknown mode '$mode' (expected accuracy, resume, restart or idx)" >&2
     exit 2
     ;;
 esac

@@ -3,9 +3,12 @@
 // (kDeadline): a ddprun that hangs fails its test and is SIGKILLed, it does
 // not hang the suite.
 
+#include <arpa/inet.h>
 #include <fcntl.h>
+#include <netinet/in.h>
 #include <poll.h>
 #include <signal.h>
+#include <sys/socket.h>
 #include <sys/types.h>
 #include <sys/wait.h>
 #include <unistd.h>
@@ -34,6 +37,9 @@
 #endif
 #ifndef DDPRUN_TEST_WRITER_PATH
 #error "DDPRUN_TEST_WRITER_PATH must name ddprun_test_writer (set in tests/launch/launch.cmake)"
+#endif
+#ifndef DDPRUN_TEST_PORT_RANK_PATH
+#error "DDPRUN_TEST_PORT_RANK_PATH must name ddprun_test_port_rank (tests/launch/launch.cmake)"
 #endif
 
 extern char** environ; // POSIX declares it in no header.
@@ -588,6 +594,155 @@ TEST(DdprunTest, ForwardsSigintToTheRanks) {
   expect_gone(pids);
 }
 
+// ---- Restarts (--max-restarts) ------------------------------------------------
+
+// Shell code that prints the attempt's view of the rendezvous.
+const char* const kPrintAttempt =
+    "echo \"attempt $DDP_RESTART_COUNT torchelastic $TORCHELASTIC_RESTART_COUNT"
+    " port $MASTER_PORT\"; ";
+
+// The value of "<key> <value>" in `line`, or "" when absent.
+std::string field(const std::string& line, const std::string& key) {
+  const size_t at = line.find(" " + key + " ");
+  if (at == std::string::npos) {
+    return "";
+  }
+  const size_t begin = at + key.size() + 2;
+  return line.substr(begin, line.find(' ', begin) - begin);
+}
+
+TEST(DdprunTest, TellsTheRanksTheRestartCountEvenWithoutRestarts) {
+  Outcome outcome = run_ddprun({"--nproc-per-node", "2", "/bin/sh", "-c", kPrintAttempt});
+  ASSERT_EQ(outcome.exit_code, 0) << describe(outcome);
+  for (const std::string& line : rank_lines(outcome.out)) {
+    EXPECT_TRUE(contains(line, "attempt 0 torchelastic 0 port ")) << describe(outcome);
+  }
+}
+
+TEST(DdprunTest, RestartsTheGroupWhenARankFails) {
+  TempDir dir;
+  // Attempt 0: rank 0 sleeps and rank 1 fails once it runs. Attempt 1: rank
+  // 0 checks that attempt 0's rank 0 is gone, and both succeed.
+  const std::string script = std::string(kPrintAttempt) +
+      write_pid_file(dir, "pid.$DDP_RESTART_COUNT.$RANK") +
+      "if [ \"$DDP_RESTART_COUNT\" = 0 ]; then "
+      "  if [ \"$RANK\" = 1 ]; then " + wait_for_file(dir, "pid.0.0") + "exit 1; fi; "
+      "  exec sleep 60; "
+      "fi; "
+      "if [ \"$RANK\" = 0 ] && kill -0 $(cat " + dir.path() + "/pid.0.0) 2>/dev/null; then "
+      "  echo 'attempt 0 is still running'; fi; "
+      "exit 0";
+  Outcome outcome =
+      run_ddprun({"--nproc-per-node", "2", "--max-restarts", "1", "/bin/sh", "-c", script});
+  std::vector<pid_t> pids = wait_for_pids(dir, {"pid.0.0", "pid.0.1", "pid.1.0", "pid.1.1"});
+  ASSERT_EQ(pids.size(), 4u);
+
+  EXPECT_EQ(outcome.exit_code, 0) << describe(outcome);
+  EXPECT_LT(outcome.elapsed, kPromptly) << describe(outcome);
+  EXPECT_TRUE(contains(outcome.err, "ddprun: rank 1 (pid " + std::to_string(pids[1]) +
+                                        ") exited with code 1; stopping the other rank\n"
+                                        "ddprun: rank 1 exited with code 1; restarting the group "
+                                        "(restart 1 of 1)\n"))
+      << describe(outcome);
+  EXPECT_FALSE(contains(outcome.out, "still running")) << describe(outcome);
+  // The note on OMP_NUM_THREADS comes once, not once per attempt.
+  EXPECT_EQ(outcome.err.find("ddprun: setting OMP_NUM_THREADS"),
+            outcome.err.rfind("ddprun: setting OMP_NUM_THREADS"))
+      << describe(outcome);
+
+  // Both attempts, each with its own count and a port of its own.
+  std::map<std::string, std::set<std::string>> ports; // attempt -> ports its ranks saw
+  std::multiset<std::string> seen;
+  for (const std::string& line : rank_lines(outcome.out)) {
+    seen.insert(line.substr(0, line.find(" port ")));
+    ports[field(line, "attempt")].insert(field(line, "port"));
+  }
+  EXPECT_EQ(seen, (std::multiset<std::string>{"[rank 0]: attempt 0 torchelastic 0",
+                                              "[rank 1]: attempt 0 torchelastic 0",
+                                              "[rank 0]: attempt 1 torchelastic 1",
+                                              "[rank 1]: attempt 1 torchelastic 1"}))
+      << describe(outcome);
+  ASSERT_EQ(ports["0"].size(), 1u) << describe(outcome);
+  ASSERT_EQ(ports["1"].size(), 1u) << describe(outcome);
+  EXPECT_NE(*ports["0"].begin(), *ports["1"].begin())
+      << "the restart reused the port: " << describe(outcome);
+  expect_gone(pids);
+}
+
+TEST(DdprunTest, GivesUpWhenTheRestartsAreUsed) {
+  TempDir dir;
+  // Rank 1 fails in every attempt, once rank 0 of the same attempt has printed.
+  Outcome outcome = run_ddprun(
+      {"--nproc-per-node", "2", "--max-restarts", "2", "/bin/sh", "-c",
+       std::string(kPrintAttempt) + write_pid_file(dir, "pid.$DDP_RESTART_COUNT.$RANK") +
+           "if [ \"$RANK\" = 1 ]; then " + wait_for_file(dir, "pid.$DDP_RESTART_COUNT.0") +
+           "exit 4; fi; exec sleep 60"});
+  EXPECT_EQ(outcome.exit_code, 4) << describe(outcome);
+  EXPECT_LT(outcome.elapsed, kPromptly) << describe(outcome);
+  for (const char* line :
+       {"ddprun: rank 1 exited with code 4; restarting the group (restart 1 of 2)\n",
+        "ddprun: rank 1 exited with code 4; restarting the group (restart 2 of 2)\n",
+        "ddprun: rank 1 exited with code 4; not restarting: all 2 restart(s) used "
+        "(--max-restarts 2)\n"}) {
+    EXPECT_TRUE(contains(outcome.err, line)) << line << "\n" << describe(outcome);
+  }
+  std::vector<std::string> lines = rank_lines(outcome.out);
+  std::multiset<std::string> attempts;
+  for (const std::string& line : lines) {
+    attempts.insert(line.substr(0, line.find(" torchelastic")));
+  }
+  EXPECT_EQ(attempts, (std::multiset<std::string>{
+                          "[rank 0]: attempt 0", "[rank 1]: attempt 0", "[rank 0]: attempt 1",
+                          "[rank 1]: attempt 1", "[rank 0]: attempt 2", "[rank 1]: attempt 2"}))
+      << describe(outcome);
+}
+
+TEST(DdprunTest, RestartOnAFixedPortWaitsUntilTheOldAttemptLetsGoOfIt) {
+  // A port that was free a moment ago, given with --master-port as on
+  // several nodes: the restart must reuse it, once every process of the old
+  // attempt (rank 0 and its child, both ignoring SIGTERM) is gone.
+  int port = 0;
+  {
+    UniqueFd probe(::socket(AF_INET, SOCK_STREAM, 0));
+    sockaddr_in address{};
+    address.sin_family = AF_INET;
+    address.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+    socklen_t length = sizeof address;
+    ASSERT_EQ(::bind(probe.get(), reinterpret_cast<sockaddr*>(&address), sizeof address), 0);
+    ASSERT_EQ(::getsockname(probe.get(), reinterpret_cast<sockaddr*>(&address), &length), 0);
+    port = ntohs(address.sin_port);
+  }
+  const std::string p = std::to_string(port);
+  Outcome outcome =
+      run_ddprun({"--nproc-per-node", "2", "--master-port", p, "--max-restarts", "1",
+                  "--grace-period", "0.5", DDPRUN_TEST_PORT_RANK_PATH, "1"});
+  EXPECT_EQ(outcome.exit_code, 0) << describe(outcome);
+  EXPECT_LT(outcome.elapsed, kPromptly) << describe(outcome);
+  std::vector<std::string> lines = rank_lines(outcome.out);
+  EXPECT_EQ(std::multiset<std::string>(lines.begin(), lines.end()),
+            (std::multiset<std::string>{"[rank 0]: attempt 0: rank 0 listening on port " + p,
+                                        "[rank 1]: attempt 0: rank 1 connected to port " + p,
+                                        "[rank 0]: attempt 1: rank 0 listening on port " + p,
+                                        "[rank 1]: attempt 1: rank 1 connected to port " + p}))
+      << describe(outcome);
+  EXPECT_TRUE(contains(outcome.err, "ddprun: rank 1 exited with code 1; restarting the group "
+                                    "(restart 1 of 1)\n"))
+      << describe(outcome);
+}
+
+TEST(DdprunTest, AStopSignalIsNotARestart) {
+  TempDir dir;
+  Ddprun ddprun({"--nproc-per-node", "2", "--max-restarts", "3", "/bin/sh", "-c",
+                 write_pid_file(dir, "pid.$DDP_RESTART_COUNT.$RANK") + "exec sleep 60"});
+  std::vector<pid_t> pids = wait_for_pids(dir, {"pid.0.0", "pid.0.1"});
+  ASSERT_EQ(pids.size(), 2u);
+  ASSERT_EQ(::kill(ddprun.pid(), SIGTERM), 0);
+  Outcome outcome = ddprun.wait();
+  EXPECT_EQ(outcome.exit_code, 128 + SIGTERM) << describe(outcome);
+  EXPECT_FALSE(contains(outcome.err, "restart")) << describe(outcome);
+  expect_gone(pids);
+}
+
 // ---- Bad command lines --------------------------------------------------------
 
 TEST(DdprunTest, MissingProgramIsNamed) {
@@ -605,7 +760,8 @@ TEST(DdprunTest, HelpGoesToStdout) {
   Outcome outcome = run_ddprun({"--help"});
   EXPECT_EQ(outcome.exit_code, 0) << describe(outcome);
   for (const char* flag : {"--nproc-per-node", "--nnodes", "--node-rank", "--master-addr",
-                           "--master-port", "--grace-period", "--no-prefix", "DDPRUN_NO_PREFIX"}) {
+                           "--master-port", "--grace-period", "--max-restarts", "--no-prefix",
+                           "DDPRUN_NO_PREFIX", "DDP_RESTART_COUNT"}) {
     EXPECT_TRUE(contains(outcome.out, flag)) << flag;
   }
   EXPECT_EQ(outcome.err, "");
@@ -643,7 +799,11 @@ INSTANTIATE_TEST_SUITE_P(
         BadFlags{{"--nproc-per-node", "1", "--nnodes", "2", "--node-rank", "5", "--master-port",
                   "29500", "true"},
                  "--node-rank 5 with --nnodes 2"},
-        BadFlags{{"--nproc-per-node", "1", "--grace-period", "-1", "true"}, "(got '-1')"}));
+        BadFlags{{"--nproc-per-node", "1", "--grace-period", "-1", "true"}, "(got '-1')"},
+        BadFlags{{"--nproc-per-node", "1", "--max-restarts", "-1", "true"}, "(got '-1')"},
+        BadFlags{{"--nproc-per-node", "1", "--nnodes", "2", "--master-port", "29500",
+                  "--max-restarts", "1", "true"},
+                 "--max-restarts needs --nnodes 1"}));
 
 } // namespace
 } // namespace ddp::launch

@@ -38,6 +38,7 @@ TEST(ParseCommandLineTest, Defaults) {
   EXPECT_FALSE(options.master_port.has_value());
   EXPECT_TRUE(options.prefix_output);
   EXPECT_EQ(options.grace_period, std::chrono::seconds(5));
+  EXPECT_EQ(options.max_restarts, 0);
   EXPECT_EQ(options.program, Args{"./train"});
 }
 
@@ -49,6 +50,9 @@ TEST(ParseCommandLineTest, TorchrunSpellingsAndInlineValues) {
        "--master_port", "29500", "--grace_period", "1.5", "--no_prefix", "prog"},
       {"--nproc-per-node=2", "--nnodes=3", "--node_rank=2", "--master-addr=node0",
        "--master_port=29500", "--grace-period=1.5", "--no-prefix", "prog"},
+      // --max-restarts needs one node; here it is 0, which any job may give.
+      {"--nproc-per-node=2", "--nnodes=3", "--node_rank=2", "--master-addr=node0",
+       "--master_port=29500", "--grace-period=1.5", "--no-prefix", "--max_restarts=0", "prog"},
   };
   for (const Args& args : spellings) {
     SCOPED_TRACE(::testing::PrintToString(args));
@@ -62,6 +66,22 @@ TEST(ParseCommandLineTest, TorchrunSpellingsAndInlineValues) {
     EXPECT_FALSE(options.prefix_output);
     EXPECT_EQ(options.program, Args{"prog"});
   }
+}
+
+TEST(ParseCommandLineTest, MaxRestartsInTorchrunsSpellings) {
+  for (const Args& args : {Args{"--nproc-per-node", "2", "--max-restarts", "3", "prog"},
+                           Args{"--nproc-per-node", "2", "--max_restarts", "3", "prog"},
+                           Args{"--nproc-per-node", "2", "--max-restarts=3", "prog"},
+                           Args{"--max_restarts=3", "--nproc-per-node", "2", "prog"}}) {
+    SCOPED_TRACE(::testing::PrintToString(args));
+    EXPECT_EQ(parse(args).max_restarts, 3);
+  }
+  EXPECT_EQ(parse({"--nproc-per-node", "1", "--max-restarts", "0", "prog"}).max_restarts, 0);
+  // A fixed port is allowed: every attempt reuses it once the last one is gone.
+  EXPECT_EQ(parse({"--nproc-per-node", "1", "--master-port", "29500", "--max-restarts", "1",
+                   "prog"})
+                .max_restarts,
+            1);
 }
 
 TEST(ParseCommandLineTest, ProgramArgumentsAreNotOptions) {
@@ -128,6 +148,14 @@ INSTANTIATE_TEST_SUITE_P(
         BadCommandLine{{"--nproc-per-node", "1", "--grace-period", "soon", "p"},
                        "(got 'soon')"},
         BadCommandLine{{"--nproc-per-node", "1", "--grace-period", "nan", "p"}, "(got 'nan')"},
+        BadCommandLine{{"--nproc-per-node", "1", "--max-restarts", "-1", "p"}, "(got '-1')"},
+        BadCommandLine{{"--nproc-per-node", "1", "--max-restarts", "many", "p"},
+                       "--max-restarts must be an integer >= 0 (got 'many')"},
+        BadCommandLine{{"--nproc-per-node", "1", "--max-restarts"},
+                       "--max-restarts needs a value"},
+        BadCommandLine{{"--nproc-per-node", "1", "--nnodes", "2", "--master-port", "29500",
+                        "--max-restarts", "1", "p"},
+                       "--max-restarts needs --nnodes 1 (got --max-restarts 1 with --nnodes 2)"},
         BadCommandLine{{"--nproc-per-node", "1", "--master-addr", "", "p"}, "(got '')"},
         BadCommandLine{{"--nproc-per-node", "1", "--no-prefix=yes", "p"}, "(got 'yes')"},
         BadCommandLine{{"--nproc-per-node", "1", "--bogus", "p"}, "unknown option '--bogus'"},
@@ -146,7 +174,7 @@ TEST(EnvFlagTest, OnlySetNonZeroValuesCount) {
 
 TEST(RankEnvironmentTest, SingleNode) {
   LaunchOptions options = parse({"--nproc-per-node", "3", "prog"});
-  options.master_port = 1234; // as main() does after picking a free port
+  options.master_port = 1234; // as run_ranks does after picking a free port
   for (int local_rank = 0; local_rank < 3; ++local_rank) {
     auto env = as_map(rank_environment(options, local_rank, /*inherited_omp_num_threads=*/nullptr));
     EXPECT_EQ(env, (std::map<std::string, std::string>{
@@ -187,6 +215,15 @@ TEST(RankEnvironmentTest, OmpNumThreadsOnlyWhenUnsetAndSeveralRanks) {
 TEST(RankEnvironmentTest, NeedsAPort) {
   LaunchOptions options = parse({"--nproc-per-node", "1", "prog"});
   EXPECT_THROW(rank_environment(options, 0, nullptr), std::logic_error);
+}
+
+TEST(RestartEnvironmentTest, TorchrunsNameAndOurs) {
+  EXPECT_EQ(as_map(restart_environment(0)),
+            (std::map<std::string, std::string>{{"TORCHELASTIC_RESTART_COUNT", "0"},
+                                                {"DDP_RESTART_COUNT", "0"}}));
+  EXPECT_EQ(as_map(restart_environment(2)),
+            (std::map<std::string, std::string>{{"TORCHELASTIC_RESTART_COUNT", "2"},
+                                                {"DDP_RESTART_COUNT", "2"}}));
 }
 
 TEST(PickFreePortTest, ReturnsABindablePort) {

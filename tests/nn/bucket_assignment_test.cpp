@@ -125,6 +125,21 @@ TEST(BucketAssignmentTest, FillOrderIsFollowed) {
             (Buckets{{0}, {2, 1}, {3}}));
 }
 
+TEST(BucketAssignmentTest, SparseGradientsGetABucketOfTheirOwn) {
+  // An Embedding (sparse) between Linear layers: the dense gradients around
+  // it still share one bucket, and it takes no part in the first limit.
+  auto specs = cpu_floats({40, 4000, 400, 8});
+  specs[1].sparse = true;
+  EXPECT_EQ(compute_bucket_assignment_by_size(specs, {kMiB, 25 * kMiB}), (Buckets{{3, 2, 0}, {1}}));
+  // Two sparse gradients of the same dtype never share, whatever the limit.
+  specs[2].sparse = true;
+  EXPECT_EQ(compute_bucket_assignment_by_size(specs, {kMiB}), (Buckets{{3, 0}, {2}, {1}}));
+  EXPECT_EQ(compute_bucket_assignment_by_size(specs, {1}), (Buckets{{3}, {2}, {1}, {0}}));
+  // In fill order, too: a sparse gradient ready first is launched first.
+  EXPECT_EQ(compute_bucket_assignment_by_size(specs, {kMiB}, {1, 0, 2, 3}),
+            (Buckets{{1}, {0, 3}, {2}}));
+}
+
 TEST(BucketAssignmentTest, BadArgumentsAreErrors) {
   EXPECT_NE(error_of([] { compute_bucket_assignment_by_size(cpu_floats({4}), {}); })
                 .find("size limits"),

@@ -119,6 +119,77 @@ struct BranchNetImpl : torch::nn::Module {
 };
 TORCH_MODULE(BranchNet);
 
+/// Rows of the embedding tables, and tokens per sample, of the sparse models.
+constexpr int64_t kVocab = 24;
+constexpr int64_t kTokens = 3;
+
+/// Tokens of samples [first, first + count): token j of sample g is
+/// (7g + 5j + j*j) mod kVocab, so that the ranks' slices share some rows and
+/// each step leaves some rows untouched.
+inline torch::Tensor token_samples(int64_t first, int64_t count) {
+  auto tokens = torch::empty({count, kTokens}, torch::kLong);
+  auto* data = tokens.data_ptr<int64_t>();
+  for (int64_t n = 0; n < count * kTokens; ++n) {
+    const int64_t g = first + n / kTokens;
+    const int64_t j = n % kTokens;
+    data[n] = (7 * g + 5 * j + j * j) % kVocab;
+  }
+  return tokens;
+}
+
+/// The tokens of rank `rank`'s slice of step `step` (as rank_batch), or of
+/// the whole global batch with world_size 1.
+inline torch::Tensor rank_tokens(int64_t step, int rank, int world_size) {
+  const int64_t per_rank = kGlobalBatch / world_size;
+  return token_samples(step * kGlobalBatch + rank * per_rank, per_rank);
+}
+
+/// An Embedding with sparse gradients (sparse(true)) and a Linear head:
+/// the mean of a sample's token embeddings, through tanh, to kOut outputs.
+/// `tied` also reads the embedding's first kOut rows densely (an output
+/// projection sharing the table), which makes its gradient dense.
+struct EmbeddingNetImpl : torch::nn::Module {
+  explicit EmbeddingNetImpl(bool tied = false)
+      : emb(register_module(
+            "emb", torch::nn::Embedding(torch::nn::EmbeddingOptions(kVocab, kIn).sparse(true)))),
+        fc(register_module("fc", torch::nn::Linear(kIn, kOut))),
+        tied_(tied) {}
+
+  torch::Tensor forward(torch::Tensor tokens) {
+    auto h = torch::tanh(emb(tokens).mean(1));
+    auto out = fc(h);
+    if (tied_) {
+      out = out + 0.5 * h.matmul(emb->weight.narrow(0, 0, kOut).t());
+    }
+    return out;
+  }
+
+  torch::nn::Embedding emb;
+  torch::nn::Linear fc;
+
+ private:
+  bool tied_;
+};
+TORCH_MODULE(EmbeddingNet);
+
+/// The EmbeddingBag twin of EmbeddingNet: a sparse bag summing each sample's
+/// token embeddings, through tanh, to a Linear head.
+struct EmbeddingBagNetImpl : torch::nn::Module {
+  EmbeddingBagNetImpl()
+      : bag(register_module("bag", torch::nn::EmbeddingBag(torch::nn::EmbeddingBagOptions(kVocab, kIn)
+                                                               .sparse(true)
+                                                               .mode(torch::kSum)))),
+        fc(register_module("fc", torch::nn::Linear(kIn, kOut))) {}
+
+  torch::Tensor forward(torch::Tensor tokens) {
+    return fc(torch::tanh(bag(tokens)));
+  }
+
+  torch::nn::EmbeddingBag bag;
+  torch::nn::Linear fc;
+};
+TORCH_MODULE(EmbeddingBagNet);
+
 /// The MLP with closed-form weights.
 inline torch::nn::Sequential make_closed_form_mlp() {
   auto net = make_mlp();

@@ -10,6 +10,10 @@
 //     A layer that forward never uses, without find_unused_parameters: the
 //     backward leaves the reduction unfinished, and the next forward must fail
 //     naming that layer's parameters.
+//   build/ddprun --nproc-per-node 2 build/tests/ddp_errors_main join-disagree
+//     Under ddp::Join, rank 0 runs a step under no_sync() and the others do
+//     not: the forward must fail on every rank, saying that the ranks still
+//     training disagree on reducing gradients.
 // Each rank prints "expected error: ..." and exits 0, or says what went wrong
 // and exits 1.
 
@@ -97,6 +101,30 @@ int unused_parameter(ddp::ProcessGroup& group, const char* bucket_sizes,
   return 1;
 }
 
+int join_disagree(ddp::ProcessGroup& group) {
+  auto net = ddp_test::make_closed_form_mlp();
+  ddp::DistributedDataParallel model(net);
+  auto [x, y] = ddp_test::rank_batch(0, group.rank(), group.size());
+  try {
+    ddp::Join join(model);
+    if (group.rank() == 0) {
+      auto guard = model->no_sync();
+      torch::mse_loss(model(x), y).backward();
+    } else {
+      torch::mse_loss(model(x), y).backward();
+    }
+  } catch (const c10::Error& e) {
+    return expect_message(
+        e.what(), {"[rank " + std::to_string(group.rank()) + "/", "ddp::Join",
+                   // Every rank but rank 0 reduces gradients.
+                   std::to_string(group.size() - 1) + " of the " + std::to_string(group.size()) +
+                       " ranks still training reduce gradients in this step, expected all or none",
+                   "no_sync()"});
+  }
+  std::printf("FAILED: ranks that disagree on no_sync() under Join were not reported\n");
+  return 1;
+}
+
 } // namespace
 
 int main(int argc, char** argv) {
@@ -113,8 +141,10 @@ int main(int argc, char** argv) {
       status |= unused_parameter(
           *group, "tiny",
           ddp::DistributedDataParallelOptions().first_bucket_cap_mb(0.0001).bucket_cap_mb(0.0001));
+    } else if (which == "join-disagree") {
+      status = join_disagree(*group);
     } else {
-      std::fprintf(stderr, "usage: ddp_errors_main models-differ|unused-parameter\n");
+      std::fprintf(stderr, "usage: ddp_errors_main models-differ|unused-parameter|join-disagree\n");
       return 2;
     }
     ddp::destroy_process_group();

@@ -1,5 +1,7 @@
 // DistributedDataParallel in one process, without a launcher: the error for
-// a missing process group, option errors, and a world of size 1. The
+// a missing process group, option errors, a module with nothing to train,
+// sparse gradients on a group that cannot reduce them, and a world of size
+// 1. The
 // multi-rank behaviour is tested by the programs run under ddprun
 // (tests/nn/*_main.cpp).
 
@@ -8,9 +10,13 @@
 
 #include <cstdlib>
 #include <functional>
+#include <map>
 #include <string>
 
+#include <ddp/comm/process_group_composite.h>
+#include <ddp/comm/process_group_gloo.h>
 #include <ddp/ddp.h>
+#include <ddp/store/hash_store.h>
 
 #include "nn/closed_form.h"
 
@@ -57,6 +63,27 @@ TEST_F(DistributedDataParallelTest, NonPositiveBucketCapIsRejectedWithItsValue) 
   EXPECT_NE(message.find("first_bucket_cap_mb"), std::string::npos) << message;
 }
 
+// As PyTorch: nothing to average, so DDP is refused, saying why.
+TEST_F(DistributedDataParallelTest, ModuleWithNothingToTrainIsRefused) {
+  init_process_group();
+  torch::nn::Sequential no_parameters{torch::nn::ReLU()};
+  auto message = error_of([&] { DistributedDataParallel model(no_parameters); });
+  EXPECT_NE(message.find("[rank 0/1] DistributedDataParallel: the module has no parameter that "
+                         "requires a gradient (it has no parameters)"),
+            std::string::npos)
+      << message;
+  auto frozen = ddp_test::make_closed_form_mlp();
+  for (auto& p : frozen->parameters()) {
+    p.set_requires_grad(false);
+  }
+  message = error_of([&] { DistributedDataParallel model(frozen); });
+  EXPECT_NE(message.find("all 8 of its parameters have requires_grad() false"), std::string::npos)
+      << message;
+  // One trainable parameter is enough.
+  frozen->parameters().back().set_requires_grad(true);
+  EXPECT_EQ(error_of([&] { DistributedDataParallel model(frozen); }), "<no error>");
+}
+
 // A world of size 1 (no launcher): one step through DDP is one plain step.
 TEST_F(DistributedDataParallelTest, WorldOfOneTrainsLikeThePlainModule) {
   auto group = init_process_group();
@@ -79,6 +106,138 @@ TEST_F(DistributedDataParallelTest, WorldOfOneTrainsLikeThePlainModule) {
   }
   EXPECT_EQ(model->last_iteration_insight().iteration, 1);
   EXPECT_EQ(model->max_parameter_difference_across_ranks(), 0);
+}
+
+// ---- Sparse gradients: which groups can reduce them, asked at construction
+
+// A backend that declares no sparse allreduce, as NCCL and MPI: a world of
+// one whose operations complete at once.
+class DenseOnlyGroup : public ProcessGroup {
+ public:
+  DenseOnlyGroup() : ProcessGroup(0, 1, std::chrono::seconds(30)) {}
+  std::string backend_name() const override {
+    return "fake";
+  }
+  std::shared_ptr<Work> allreduce(const at::Tensor& t, const AllreduceOptions&) override {
+    return Work::completed({t});
+  }
+  std::shared_ptr<Work> allreduce_coalesced(const std::vector<at::Tensor>& t, const AllreduceOptions&) override {
+    return Work::completed(t);
+  }
+  std::shared_ptr<Work> broadcast(const at::Tensor& t, const BroadcastOptions&) override {
+    return Work::completed({t});
+  }
+  std::shared_ptr<Work> reduce(const at::Tensor& t, const ReduceOptions&) override {
+    return Work::completed({t});
+  }
+  std::shared_ptr<Work> allgather(const std::vector<at::Tensor>& o, const at::Tensor&,
+                                  const AllgatherOptions&) override {
+    return Work::completed(o);
+  }
+  std::shared_ptr<Work> allgather_into_tensor(const at::Tensor& o, const at::Tensor&,
+                                              const AllgatherOptions&) override {
+    return Work::completed({o});
+  }
+  std::shared_ptr<Work> gather(const std::vector<at::Tensor>& o, const at::Tensor&, const GatherOptions&) override {
+    return Work::completed(o);
+  }
+  std::shared_ptr<Work> scatter(const at::Tensor& o, const std::vector<at::Tensor>&, const ScatterOptions&) override {
+    return Work::completed({o});
+  }
+  std::shared_ptr<Work> reduce_scatter(const at::Tensor& o, const std::vector<at::Tensor>&,
+                                       const ReduceScatterOptions&) override {
+    return Work::completed({o});
+  }
+  std::shared_ptr<Work> alltoall(const at::Tensor& o, const at::Tensor&, const AlltoallOptions&) override {
+    return Work::completed({o});
+  }
+  std::shared_ptr<Work> barrier(const BarrierOptions&) override {
+    return Work::completed({});
+  }
+  std::shared_ptr<Work> send(const at::Tensor& t, int, const PointToPointOptions&) override {
+    return Work::completed({t});
+  }
+  std::shared_ptr<Work> recv(const at::Tensor& t, int, const PointToPointOptions&) override {
+    return Work::completed({t});
+  }
+};
+
+// As NCCL would: refused when the wrapper is built, naming the parameter
+// and the backend, not in backward.
+TEST_F(DistributedDataParallelTest, SparseGradientsOnAGroupThatCannotReduceThemAreRefusedAtConstruction) {
+  ddp_test::EmbeddingNet net;
+  const auto message = error_of([&] {
+    DistributedDataParallel model(
+        net, DistributedDataParallelOptions().process_group(std::make_shared<DenseOnlyGroup>()));
+  });
+  EXPECT_NE(message.find("[rank 0/1] DistributedDataParallel: parameter 'emb.weight' gets sparse "
+                         "gradients (the weight of an Embedding or EmbeddingBag with "
+                         "sparse(true)), but this process group (backend fake) cannot allreduce "
+                         "sparse tensors on cpu"),
+            std::string::npos)
+      << message;
+  EXPECT_NE(message.find("Backend::kGloo"), std::string::npos) << message;
+  // Dense gradients are fine there.
+  ddp_test::EmbeddingNet dense;
+  dense->emb->options.sparse(false);
+  EXPECT_EQ(error_of([&] {
+              DistributedDataParallel model(
+                  dense, DistributedDataParallelOptions().process_group(std::make_shared<DenseOnlyGroup>()));
+            }),
+            "<no error>");
+}
+
+// A composite group answers for the backend of the model's device: with
+// Gloo serving the CPU, a CPU model is accepted; with a backend that
+// declares nothing there (as NCCL for a CUDA model on cpu:gloo,cuda:nccl),
+// refused. (A LibTorch module cannot be moved to the meta device in 1.13,
+// so the fake serves the CPU here; sparse_allreduce_test checks the answer
+// per device type.)
+TEST_F(DistributedDataParallelTest, CompositeGroupAnswersForTheBackendOfTheModelsDevice) {
+  std::map<c10::DeviceType, std::shared_ptr<ProcessGroup>> with_gloo;
+  with_gloo[c10::DeviceType::CPU] = ProcessGroupGloo::create(std::make_shared<HashStore>(), 0, 1);
+  with_gloo[c10::DeviceType::Meta] = std::make_shared<DenseOnlyGroup>();
+  ddp_test::EmbeddingNet net;
+  EXPECT_EQ(error_of([&] {
+              DistributedDataParallel model(
+                  net, DistributedDataParallelOptions().process_group(
+                           std::make_shared<CompositeProcessGroup>(std::move(with_gloo))));
+            }),
+            "<no error>");
+
+  std::map<c10::DeviceType, std::shared_ptr<ProcessGroup>> without;
+  without[c10::DeviceType::CPU] = std::make_shared<DenseOnlyGroup>();
+  const auto message = error_of([&] {
+    DistributedDataParallel model(
+        net, DistributedDataParallelOptions().process_group(
+                 std::make_shared<CompositeProcessGroup>(std::move(without))));
+  });
+  EXPECT_NE(message.find("parameter 'emb.weight' gets sparse gradients"), std::string::npos) << message;
+  EXPECT_NE(message.find("(backend cpu:fake) cannot allreduce sparse tensors on cpu"),
+            std::string::npos)
+      << message;
+}
+
+// A world of size 1: the sparse gradient stays sparse, comes out coalesced,
+// and equals plain training's.
+TEST_F(DistributedDataParallelTest, WorldOfOneKeepsSparseGradientsSparse) {
+  init_process_group();
+  ddp_test::EmbeddingNet reference;
+  ddp_test::init_closed_form(*reference);
+  ddp_test::EmbeddingNet net;
+  ddp_test::init_closed_form(*net);
+  DistributedDataParallel model(net);
+  const auto tokens = ddp_test::rank_tokens(0, 0, 1);
+  const auto target = ddp_test::global_batch(0).second;
+  torch::mse_loss(reference->forward(tokens), target).backward();
+  torch::mse_loss(model(tokens), target).backward();
+  const auto& grad = net->emb->weight.grad();
+  ASSERT_TRUE(grad.defined() && grad.is_sparse());
+  EXPECT_TRUE(grad.is_coalesced());
+  EXPECT_TRUE(torch::allclose(grad.to_dense(), reference->emb->weight.grad().to_dense(), 0, 1e-7));
+  const auto layout = model->bucket_layout();
+  ASSERT_EQ(layout.size(), 2u);
+  EXPECT_TRUE(layout[0].sparse != layout[1].sparse);
 }
 
 } // namespace

@@ -17,6 +17,12 @@ ddp_add_gtest(bucket_assignment_test SOURCES nn/bucket_assignment_test.cpp LIBS 
 ddp_add_gtest(distributed_data_parallel_test SOURCES nn/distributed_data_parallel_test.cpp
   LIBS ddp TIMEOUT 60)
 
+# SyncBatchNorm and convert_sync_batchnorm in one process: layout, the
+# conversion, checkpoints, the collectives it issues (a recording fake
+# group), and uneven and empty ranks as threads over Gloo.
+ddp_add_gtest(sync_batch_norm_test SOURCES nn/sync_batch_norm_test.cpp LIBS ddp_testing
+  TIMEOUT 60)
+
 # A DDP program that the nn tests launch. GTest::gtest is not used by the
 # programs, but its compile definitions must match the shared precompiled
 # header's for the compiler to accept it (Torch's headers dominate compile
@@ -39,13 +45,39 @@ add_test(NAME ddp_parity_alone COMMAND ddp_parity_main)
 set_tests_properties(ddp_parity_alone PROPERTIES TIMEOUT 60
   ENVIRONMENT_MODIFICATION "RANK=unset:;WORLD_SIZE=unset:;MASTER_ADDR=unset:;MASTER_PORT=unset:")
 
-# Errors on every rank, no hang: models that differ across ranks, and a
-# parameter without a gradient when find_unused_parameters is off.
+# SyncBatchNorm on 2 and 3 ranks (and alone) against BatchNorm in one
+# process on the whole batch: uneven slices, an empty rank, 1d/2d/3d.
+ddp_add_nn_program(ddp_sync_batch_norm_main nn/sync_batch_norm_main.cpp)
+ddp_add_launched_test(ddp_sync_batch_norm_2_ranks NPROC 2 COMMAND ddp_sync_batch_norm_main
+  TIMEOUT 90)
+ddp_add_launched_test(ddp_sync_batch_norm_3_ranks NPROC 3 COMMAND ddp_sync_batch_norm_main
+  TIMEOUT 90)
+add_test(NAME ddp_sync_batch_norm_alone COMMAND ddp_sync_batch_norm_main)
+set_tests_properties(ddp_sync_batch_norm_alone PROPERTIES TIMEOUT 60
+  ENVIRONMENT_MODIFICATION "RANK=unset:;WORLD_SIZE=unset:;MASTER_ADDR=unset:;MASTER_PORT=unset:")
+
+# Sparse gradients (Embedding and EmbeddingBag with sparse(true)): parity
+# with one process, no_sync, hooks, unused tables, layout and Join, on 2 and
+# 3 ranks, and alone.
+ddp_add_nn_program(ddp_sparse_main nn/ddp_sparse_main.cpp)
+ddp_add_launched_test(ddp_sparse_2_ranks NPROC 2 COMMAND ddp_sparse_main TIMEOUT 90)
+ddp_add_launched_test(ddp_sparse_3_ranks NPROC 3 COMMAND ddp_sparse_main TIMEOUT 90)
+add_test(NAME ddp_sparse_alone COMMAND ddp_sparse_main)
+set_tests_properties(ddp_sparse_alone PROPERTIES TIMEOUT 60
+  ENVIRONMENT_MODIFICATION "RANK=unset:;WORLD_SIZE=unset:;MASTER_ADDR=unset:;MASTER_PORT=unset:")
+
+# Errors on every rank, no hang: models that differ across ranks, a
+# parameter without a gradient when find_unused_parameters is off, and ranks
+# that disagree on no_sync() under Join (on 2 and 3 ranks).
 ddp_add_nn_program(ddp_errors_main nn/ddp_errors_main.cpp)
 ddp_add_launched_test(ddp_error_models_differ NPROC 2 COMMAND ddp_errors_main
   ARGS models-differ TIMEOUT 60)
 ddp_add_launched_test(ddp_error_unused_parameter NPROC 2 COMMAND ddp_errors_main
   ARGS unused-parameter TIMEOUT 60)
+ddp_add_launched_test(ddp_error_join_disagree_2_ranks NPROC 2 COMMAND ddp_errors_main
+  ARGS join-disagree TIMEOUT 60)
+ddp_add_launched_test(ddp_error_join_disagree_3_ranks NPROC 3 COMMAND ddp_errors_main
+  ARGS join-disagree TIMEOUT 60)
 
 # Join with uneven inputs, and checkpoints: save on all ranks, load back,
 # and load the file in a plain LibTorch process without ddp
@@ -61,15 +93,37 @@ ddp_add_launched_test(ddp_join_checkpoint_2_ranks NPROC 2 COMMAND ddp_join_check
 ddp_add_launched_test(ddp_join_checkpoint_3_ranks NPROC 3 COMMAND ddp_join_checkpoint_main
   ARGS ${CMAKE_CURRENT_BINARY_DIR} $<TARGET_FILE:ddp_checkpoint_plain_load> TIMEOUT 90)
 
+# Checkpoints and crashes: under ddprun with 2 ranks, rank 0 is killed at
+# each point of a save (DDP_TEST_CHECKPOINT_CRASH_AT), and what it leaves
+# must load as a matching pair, the old or the new; mismatched, incomplete
+# and old-format pairs (ddp_checkpoint_crash_main errors). 17 launches.
+ddp_add_nn_program(ddp_checkpoint_crash_main nn/checkpoint_crash_main.cpp)
+ddp_add_gtest(checkpoint_crash_test SOURCES nn/checkpoint_crash_test.cpp TIMEOUT 400
+  LABELS integration)
+target_compile_definitions(checkpoint_crash_test PRIVATE
+  DDPRUN_PATH="$<TARGET_FILE:ddprun>"
+  DDP_CHECKPOINT_CRASH_MAIN_PATH="$<TARGET_FILE:ddp_checkpoint_crash_main>")
+add_dependencies(checkpoint_crash_test ddprun ddp_checkpoint_crash_main)
+
 # Parity with PyTorch's own DistributedDataParallel: the driver runs our
-# program and pytorch_ddp_reference.py under ddprun with 2 ranks each and
-# compares the final parameters. Fails (does not skip) without torch.
+# program and pytorch_ddp_reference.py under ddprun with 2 (and 3) ranks
+# each and compares the final parameters, buffers and defined gradients, and
+# that both refuse a module with nothing to train. Fails (does not skip)
+# without torch. Each of the two runs has 110 s (RUN_TIMEOUT_S in the driver).
 ddp_add_nn_program(ddp_pytorch_parity_main nn/pytorch_parity_main.cpp)
-add_test(NAME ddp_pytorch_parity
-  COMMAND ${DDP_TEST_PYTHON} ${CMAKE_CURRENT_LIST_DIR}/pytorch_parity_driver.py
-    --ddprun $<TARGET_FILE:ddprun>
-    --ours $<TARGET_FILE:ddp_pytorch_parity_main>
-    --python ${DDP_TEST_PYTHON}
-    --reference ${CMAKE_CURRENT_LIST_DIR}/pytorch_ddp_reference.py
-    --workdir ${CMAKE_CURRENT_BINARY_DIR})
-set_tests_properties(ddp_pytorch_parity PROPERTIES TIMEOUT 180 LABELS "integration")
+foreach(nproc 2 3)
+  if(nproc EQUAL 2)
+    set(_ddp_parity_test ddp_pytorch_parity)
+  else()
+    set(_ddp_parity_test ddp_pytorch_parity_${nproc}_ranks)
+  endif()
+  add_test(NAME ${_ddp_parity_test}
+    COMMAND ${DDP_TEST_PYTHON} ${CMAKE_CURRENT_LIST_DIR}/pytorch_parity_driver.py
+      --ddprun $<TARGET_FILE:ddprun>
+      --ours $<TARGET_FILE:ddp_pytorch_parity_main>
+      --python ${DDP_TEST_PYTHON}
+      --reference ${CMAKE_CURRENT_LIST_DIR}/pytorch_ddp_reference.py
+      --workdir ${CMAKE_CURRENT_BINARY_DIR}
+      --nproc ${nproc})
+  set_tests_properties(${_ddp_parity_test} PROPERTIES TIMEOUT 240 LABELS "integration")
+endforeach()

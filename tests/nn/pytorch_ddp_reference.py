@@ -3,8 +3,15 @@ and training, under torch.nn.parallel.DistributedDataParallel.
 
 Usage (run by pytorch_parity_driver.py, under ddprun like torchrun):
   build/ddprun --nproc-per-node 2 /usr/bin/python3 tests/nn/pytorch_ddp_reference.py OUT_PREFIX
-On rank 0, writes OUT_PREFIX.<configuration>.txt with the final parameters,
-and OUT_PREFIX.<configuration>.initial.txt with the initial ones.
+On rank 0 (or the rank that a configuration names), writes for each
+configuration:
+  OUT_PREFIX.<configuration>.txt          the final parameters and buffers, and
+                                          whether each gradient is defined
+  OUT_PREFIX.<configuration>.initial.txt  the initial ones
+or, for a configuration that PyTorch refuses,
+  OUT_PREFIX.<configuration>.error.txt    PyTorch's error message
+and, where the numbers are not PyTorch DDP's own,
+  OUT_PREFIX.<configuration>.note.txt     what they are instead, and why.
 
 The formulas repeat tests/nn/closed_form.h exactly (math.sin and math.cos
 in double, rounded to float32 once), so that both sides start bit-identical.
@@ -23,6 +30,13 @@ K_HIDDEN = 16
 K_OUT = 4
 K_GLOBAL_BATCH = 12
 K_STEPS = 5
+# Uneven inputs (the Join configurations): rank r has 2 + r batches of
+# K_ROWS_PER_BATCH samples of its own.
+K_ROWS_PER_BATCH = 4
+K_MAX_RANKS = 16
+# The sparse models' embedding rows and tokens per sample (closed_form.h).
+K_VOCAB = 24
+K_TOKENS = 3
 
 
 def closed_form_tensor(sizes, fn):
@@ -53,10 +67,36 @@ def rank_batch(step, rank, world_size):
     return samples(step * K_GLOBAL_BATCH + rank * per_rank, per_rank)
 
 
+def token_samples(first, count):
+    """closed_form.h's token_samples: token j of sample g is (7g + 5j + j*j) mod K_VOCAB."""
+    return torch.tensor([[(7 * (first + i) + 5 * j + j * j) % K_VOCAB for j in range(K_TOKENS)]
+                         for i in range(count)], dtype=torch.long)
+
+
+def rank_tokens(step, rank, world_size):
+    per_rank = K_GLOBAL_BATCH // world_size
+    return token_samples(step * K_GLOBAL_BATCH + rank * per_rank, per_rank)
+
+
+def batches_of(rank):
+    return 2 + rank
+
+
+def uneven_batch(step, rank):
+    return samples((step * K_MAX_RANKS + rank) * K_ROWS_PER_BATCH, K_ROWS_PER_BATCH)
+
+
 def make_mlp():
     return nn.Sequential(nn.Linear(K_IN, K_HIDDEN), nn.ReLU(),
                          nn.Linear(K_HIDDEN, K_HIDDEN), nn.Tanh(),
                          nn.Linear(K_HIDDEN, K_HIDDEN), nn.ReLU(),
+                         nn.Linear(K_HIDDEN, K_OUT))
+
+
+def make_bn_mlp():
+    """closed_form.h's make_bn_mlp: BatchNorm1d after the first layer."""
+    return nn.Sequential(nn.Linear(K_IN, K_HIDDEN), nn.BatchNorm1d(K_HIDDEN), nn.ReLU(),
+                         nn.Linear(K_HIDDEN, K_HIDDEN), nn.Tanh(),
                          nn.Linear(K_HIDDEN, K_OUT))
 
 
@@ -76,28 +116,458 @@ class BranchNet(nn.Module):
         return self.fc4(torch.relu(self.fc3(x)))
 
 
+class TwoHeadNet(nn.Module):
+    """pytorch_parity_main.cpp's TwoHeadNet: two outputs, of which the loss uses `b`'s."""
+
+    def __init__(self):
+        super().__init__()
+        self.trunk = nn.Linear(K_IN, K_HIDDEN)
+        self.a = nn.Linear(K_HIDDEN, K_OUT)
+        self.b = nn.Linear(K_HIDDEN, K_OUT)
+
+    def forward(self, x):
+        h = torch.tanh(self.trunk(x))
+        return self.a(h), self.b(h)
+
+
+class SwitchNet(nn.Module):
+    """pytorch_parity_main.cpp's SwitchNet: `extra` is used when the caller says so."""
+
+    def __init__(self):
+        super().__init__()
+        self.fc1 = nn.Linear(K_IN, K_HIDDEN)
+        self.extra = nn.Linear(K_HIDDEN, K_HIDDEN)
+        self.fc2 = nn.Linear(K_HIDDEN, K_OUT)
+
+    def forward(self, x, use_extra):
+        h = torch.relu(self.fc1(x))
+        if use_extra:
+            h = h + torch.tanh(self.extra(h))
+        return self.fc2(h)
+
+
+class EmbeddingNet(nn.Module):
+    """closed_form.h's EmbeddingNet: a sparse Embedding, the mean of a sample's tokens, a Linear."""
+
+    def __init__(self):
+        super().__init__()
+        self.emb = nn.Embedding(K_VOCAB, K_IN, sparse=True)
+        self.fc = nn.Linear(K_IN, K_OUT)
+
+    def forward(self, tokens):
+        return self.fc(torch.tanh(self.emb(tokens).mean(1)))
+
+
+class EmbeddingBagNet(nn.Module):
+    """closed_form.h's EmbeddingBagNet: a sparse EmbeddingBag summing a sample's tokens, a Linear."""
+
+    def __init__(self):
+        super().__init__()
+        self.bag = nn.EmbeddingBag(K_VOCAB, K_IN, mode="sum", sparse=True)
+        self.fc = nn.Linear(K_IN, K_OUT)
+
+    def forward(self, tokens):
+        return self.fc(torch.tanh(self.bag(tokens)))
+
+
 def write_state_text(module, path):
+    """Parameters and buffers, then "<parameter>.grad_defined 0|1" lines."""
     with open(path, "w") as out:
         for name, tensor in list(module.named_parameters()) + list(module.named_buffers()):
             values = tensor.detach().reshape(-1).to(torch.float64).tolist()
             out.write(name + "".join(" %.9g" % v for v in values) + "\n")
+        for name, p in module.named_parameters():
+            out.write("%s.grad_defined %d\n" % (name, 0 if p.grad is None else 1))
+
+
+def write_text(path, text):
+    with open(path, "w") as out:
+        out.write(text + "\n")
+
+
+def sgd(model):
+    return torch.optim.SGD(model.parameters(), lr=0.2, momentum=0.5)
+
+
+def start(net, path):
+    init_closed_form(net)
+    if dist.get_rank() == 0:
+        write_state_text(net, path.replace(".txt", ".initial.txt"))
+
+
+def finish(net, path, writer=0):
+    if dist.get_rank() == writer:
+        write_state_text(net, path)
+        print("wrote " + path, flush=True)
 
 
 def train_and_write(net, ddp_kwargs, path):
     rank = dist.get_rank()
-    init_closed_form(net)
-    if rank == 0:
-        write_state_text(net, path.replace(".txt", ".initial.txt"))
+    start(net, path)
     model = nn.parallel.DistributedDataParallel(net, **ddp_kwargs)
-    optimizer = torch.optim.SGD(model.parameters(), lr=0.2, momentum=0.5)
+    optimizer = sgd(model)
     for step in range(K_STEPS):
         x, y = rank_batch(step, rank, dist.get_world_size())
         optimizer.zero_grad()
         F.mse_loss(model(x), y).backward()
         optimizer.step()
-    if rank == 0:
-        write_state_text(net, path)
-        print("wrote " + path, flush=True)
+    finish(net, path)
+
+
+def train_tokens(net, path):
+    """Sparse gradients: the model reads tokens, and DDP reduces its
+    embedding's gradient with Gloo's sparse allreduce."""
+    rank, world_size = dist.get_rank(), dist.get_world_size()
+    start(net, path)
+    model = nn.parallel.DistributedDataParallel(net)
+    optimizer = sgd(model)
+    for step in range(K_STEPS):
+        _, y = rank_batch(step, rank, world_size)
+        optimizer.zero_grad()
+        F.mse_loss(model(rank_tokens(step, rank, world_size)), y).backward()
+        optimizer.step()
+    finish(net, path)
+
+
+def unused_output(path):
+    """The forward returns (a(h), b(h)); the loss uses only b's."""
+    rank, world_size = dist.get_rank(), dist.get_world_size()
+    net = TwoHeadNet()
+    start(net, path)
+    model = nn.parallel.DistributedDataParallel(net, find_unused_parameters=True)
+    optimizer = sgd(model)
+    for step in range(K_STEPS):
+        x, y = rank_batch(step, rank, world_size)
+        optimizer.zero_grad(set_to_none=True)
+        _, b = model(x)
+        F.mse_loss(b, y).backward()
+        optimizer.step()
+    finish(net, path)
+
+
+def no_sync_buffers(path):
+    """2 outer steps, each: a forward without gradients (which updates the
+    statistics too, in training mode), 2 micro-steps under no_sync, then a
+    synchronised one. The last rank writes: rank 0's own statistics are
+    never overwritten."""
+    rank, world_size = dist.get_rank(), dist.get_world_size()
+    net = make_bn_mlp()
+    start(net, path)
+    model = nn.parallel.DistributedDataParallel(net)
+    optimizer = sgd(model)
+    for outer in range(2):
+        with torch.no_grad():
+            model(rank_batch(10 + outer, rank, world_size)[0])
+        optimizer.zero_grad(set_to_none=True)
+        for micro in range(3):
+            x, y = rank_batch(outer * 3 + micro, rank, world_size)
+            if micro < 2:
+                with model.no_sync():
+                    F.mse_loss(model(x), y).backward()
+            else:
+                F.mse_loss(model(x), y).backward()
+        optimizer.step()
+    finish(net, path, writer=world_size - 1)
+
+
+def train_uneven(net, model, forward):
+    rank = dist.get_rank()
+    optimizer = sgd(model)
+    with model.join():
+        for step in range(batches_of(rank)):
+            x, y = uneven_batch(step, rank)
+            optimizer.zero_grad(set_to_none=True)
+            F.mse_loss(forward(x), y).backward()
+            optimizer.step()
+
+
+def join_buffers(path):
+    """BatchNorm under Join: rank r has 2 + r batches."""
+    net = make_bn_mlp()
+    start(net, path)
+    model = nn.parallel.DistributedDataParallel(net)
+    train_uneven(net, model, model)
+    finish(net, path)
+
+
+def join_unused(path):
+    """Rank 0 alone uses `extra`, and joins first."""
+    rank = dist.get_rank()
+    net = SwitchNet()
+    start(net, path)
+    model = nn.parallel.DistributedDataParallel(net, find_unused_parameters=True)
+    train_uneven(net, model, lambda x: model(x, rank == 0))
+    finish(net, path)
+
+
+def refused(make_net, path):
+    """Wrapping a module with nothing to train: PyTorch raises on every rank."""
+    try:
+        nn.parallel.DistributedDataParallel(make_net())
+    except RuntimeError as e:
+        if dist.get_rank() == 0:
+            write_text(path.replace(".txt", ".error.txt"), str(e))
+            print("PyTorch refused: %s" % e, flush=True)
+        return
+    print("PyTorch accepted the module", flush=True)
+
+
+def frozen_mlp():
+    net = make_mlp()
+    for p in net.parameters():
+        p.requires_grad_(False)
+    return net
+
+
+def two_forwards_step(forward, step, rank, world_size):
+    x1, y1 = rank_batch(2 * step, rank, world_size)
+    x2, y2 = rank_batch(2 * step + 1, rank, world_size)
+    out1 = forward(x1)
+    out2 = forward(x2)
+    return F.mse_loss(out1, y1) + F.mse_loss(out2, y2)
+
+
+def two_forwards_one_process(net, world_size):
+    """What W ranks compute when two forwards before one backward work: the
+    average of each rank's gradients, and rank 0's running statistics (rank 0
+    is the root of every buffer broadcast, so nothing overwrites its own)."""
+    optimizer = sgd(net)
+    for step in range(K_STEPS):
+        optimizer.zero_grad(set_to_none=True)
+        for rank in reversed(range(world_size)):  # rank 0 last, from the step's statistics
+            saved = [b.clone() for b in net.buffers()]
+            two_forwards_step(net, step, rank, world_size).backward()
+            if rank != 0:
+                with torch.no_grad():
+                    for b, s in zip(net.buffers(), saved):
+                        b.copy_(s)
+        with torch.no_grad():
+            for p in net.parameters():
+                p.grad.div_(world_size)
+        optimizer.step()
+
+
+def two_forwards(path):
+    """Two forwards of a BatchNorm model, then one backward of both losses."""
+    rank, world_size = dist.get_rank(), dist.get_world_size()
+    net = make_bn_mlp()
+    start(net, path)
+    model = nn.parallel.DistributedDataParallel(net)
+    optimizer = sgd(model)
+    try:
+        for step in range(K_STEPS):
+            optimizer.zero_grad(set_to_none=True)
+            two_forwards_step(model, step, rank, world_size).backward()
+            optimizer.step()
+    except RuntimeError as e:
+        if "modified by an inplace operation" not in str(e):
+            raise
+        # PyTorch's buffer broadcast before the second forward bumps the
+        # version of the running statistics that the first one saved
+        # (PyTorch issue 175024). Every rank fails in the same backward,
+        # before any gradient bucket is launched.
+        del model, optimizer
+        dist.barrier()
+        if rank == 0:
+            note = ("not supported by PyTorch %s (%s); compared against the one-process "
+                    "result instead: the average of the ranks' gradients, rank 0's running "
+                    "statistics" % (torch.__version__, str(e).split(":")[0]))
+            print(note, flush=True)
+            write_text(path.replace(".txt", ".note.txt"), note)
+            net = make_bn_mlp()
+            init_closed_form(net)
+            two_forwards_one_process(net, world_size)
+        finish(net, path)
+        return
+    finish(net, path)
+
+
+# ---- SyncBatchNorm: the sync_batch_norm configurations ----------------------
+#
+# PyTorch's SyncBatchNorm runs on CUDA only: its autograd function
+# (torch.nn.modules._functions.SyncBatchNorm) calls five kernels that have no
+# CPU implementation (torch.batch_norm_stats and the four below), its
+# module's forward refuses CPU input (1.13), and DDP refuses an
+# nn.SyncBatchNorm layer on the CPU. The reference for these configurations
+# is therefore PyTorch's own autograd function, under PyTorch's DDP over
+# gloo (its all_gather of every rank's [mean, invstd, count], its masking of
+# empty ranks, its all_reduce of [sum_dy, sum_dy_xmu] in backward), with the
+# five kernels computed here on the CPU from their definitions, and called by
+# CpuSyncBatchNorm: a BatchNorm (same state, same names) whose forward does
+# what nn.SyncBatchNorm.forward does.
+
+def _per_channel(t, input):
+    return t.view([1, -1] + [1] * (input.dim() - 2))
+
+
+def _channel_dims(input):
+    return [0] + list(range(2, input.dim()))
+
+
+def cpu_batch_norm_stats(input, eps):
+    """torch.batch_norm_stats: per channel, the mean and 1 / sqrt(biased variance + eps)."""
+    mean = input.mean(_channel_dims(input))
+    var = (input - _per_channel(mean, input)).square().mean(_channel_dims(input))
+    return mean, torch.rsqrt(var + eps)
+
+
+def cpu_batch_norm_gather_stats_with_counts(input, mean_all, invstd_all, running_mean,
+                                            running_var, momentum, eps, counts):
+    """torch.batch_norm_gather_stats_with_counts: the group's mean and invstd from
+    each rank's (rows) and counts; moves the running statistics towards them (the
+    variance unbiased over the group's count)."""
+    counts = counts.to(mean_all.dtype).view(-1, 1)
+    total = counts.sum()
+    mean = (counts * mean_all).sum(0) / total
+    var_all = invstd_all.reciprocal().square() - eps
+    var = (counts * (var_all + (mean_all - mean).square())).sum(0) / total
+    if running_mean is not None:
+        running_mean.mul_(1 - momentum).add_(momentum * mean)
+    if running_var is not None:
+        running_var.mul_(1 - momentum).add_(momentum * var * total / (total - 1))
+    return mean, torch.rsqrt(var + eps)
+
+
+def cpu_batch_norm_elemt(input, weight, bias, mean, invstd, eps):
+    """torch.batch_norm_elemt: (x - mean) * invstd * weight + bias."""
+    out = (input - _per_channel(mean, input)) * _per_channel(invstd, input)
+    if weight is not None:
+        out = out * _per_channel(weight, input)
+    if bias is not None:
+        out = out + _per_channel(bias, input)
+    return out
+
+
+def cpu_batch_norm_backward_reduce(grad_output, input, mean, invstd, weight, input_g,
+                                   weight_g, bias_g):
+    """torch.batch_norm_backward_reduce: this rank's sum_dy and sum_dy_xmu per channel,
+    and the parameters' gradients from them."""
+    xmu = input - _per_channel(mean, input)
+    sum_dy = grad_output.sum(_channel_dims(input))
+    sum_dy_xmu = (grad_output * xmu).sum(_channel_dims(input))
+    grad_weight = sum_dy_xmu * invstd if weight_g else None
+    grad_bias = sum_dy if bias_g else None
+    return sum_dy, sum_dy_xmu, grad_weight, grad_bias
+
+
+def cpu_batch_norm_backward_elemt(grad_output, input, mean, invstd, weight, sum_dy,
+                                  sum_dy_xmu, count):
+    """torch.batch_norm_backward_elemt: the input's gradient from the group's sums
+    and total count."""
+    total = count.sum()
+    xmu = input - _per_channel(mean, input)
+    scale = invstd if weight is None else invstd * weight
+    return ((grad_output - _per_channel(sum_dy / total, input)
+             - xmu * _per_channel(invstd.square() * sum_dy_xmu / total, input))
+            * _per_channel(scale, input))
+
+
+def use_cpu_sync_batch_norm_kernels():
+    torch.batch_norm_stats = cpu_batch_norm_stats
+    torch.batch_norm_gather_stats_with_counts = cpu_batch_norm_gather_stats_with_counts
+    torch.batch_norm_elemt = cpu_batch_norm_elemt
+    torch.batch_norm_backward_reduce = cpu_batch_norm_backward_reduce
+    torch.batch_norm_backward_elemt = cpu_batch_norm_backward_elemt
+    if not torch.cuda.is_available():
+        # PyTorch 1.13's function asks whether a CUDA graph is being captured,
+        # which a build without CUDA cannot answer; on the CPU none is.
+        torch.cuda.is_current_stream_capturing = lambda: False
+
+
+class CpuSyncBatchNorm(nn.modules.batchnorm._BatchNorm):
+    """A BatchNorm whose training forward, in a world of more than one rank, is
+    PyTorch's SyncBatchNorm autograd function over the default group."""
+
+    def _check_input_dim(self, input):
+        if input.dim() < 2:
+            raise ValueError("expected at least 2D input (got %dD input)" % input.dim())
+
+    def forward(self, input):
+        from torch.nn.modules._functions import SyncBatchNorm as sync_batch_norm
+        factor = 0.0 if self.momentum is None else self.momentum
+        if self.training and self.track_running_stats:
+            self.num_batches_tracked.add_(1)
+            if self.momentum is None:
+                factor = 1.0 / float(self.num_batches_tracked)
+        world_size = dist.get_world_size()
+        if not self.training or world_size == 1:
+            return F.batch_norm(input, self.running_mean, self.running_var, self.weight,
+                                self.bias, self.training or not self.track_running_stats,
+                                factor, self.eps)
+        tracked = self.track_running_stats
+        return sync_batch_norm.apply(input, self.weight, self.bias,
+                                     self.running_mean if tracked else None,
+                                     self.running_var if tracked else None,
+                                     self.eps, factor, dist.group.WORLD, world_size)
+
+
+def with_cpu_sync_batch_norm(net):
+    """Replaces every BatchNorm1d and BatchNorm2d under `net` by a CpuSyncBatchNorm
+    with the same state (as nn.SyncBatchNorm.convert_sync_batchnorm would)."""
+    use_cpu_sync_batch_norm_kernels()
+    for name, child in net.named_children():
+        if isinstance(child, (nn.BatchNorm1d, nn.BatchNorm2d)):
+            sync = CpuSyncBatchNorm(child.num_features, child.eps, child.momentum,
+                                    child.affine, child.track_running_stats)
+            sync.load_state_dict(child.state_dict())
+            setattr(net, name, sync)
+        else:
+            with_cpu_sync_batch_norm(child)
+    return net
+
+
+def sync_batch_norm(path):
+    """make_bn_mlp with its BatchNorm1d synchronised, on the even rank slices."""
+    rank, world_size = dist.get_rank(), dist.get_world_size()
+    net = make_bn_mlp()
+    start(net, path)
+    model = nn.parallel.DistributedDataParallel(with_cpu_sync_batch_norm(net))
+    optimizer = sgd(model)
+    for step in range(K_STEPS):
+        x, y = rank_batch(step, rank, world_size)
+        optimizer.zero_grad()
+        F.mse_loss(model(x), y).backward()
+        optimizer.step()
+    finish(net, path)
+
+
+K_SYNC_BATCH = 8
+
+
+def sync_slices(world_size):
+    """pytorch_parity_main.cpp's sync_slices: [3 5], [3 0 5] (an empty rank), else even."""
+    if world_size == 2:
+        return [3, 5]
+    if world_size == 3:
+        return [3, 0, 5]
+    sizes = [K_SYNC_BATCH // world_size] * world_size
+    sizes[-1] += K_SYNC_BATCH % world_size
+    return sizes
+
+
+def make_conv_bn():
+    """pytorch_parity_main.cpp's make_conv_bn: a BatchNorm2d on 2 x 2 x 2 samples."""
+    return nn.Sequential(nn.Conv2d(2, 4, 1), nn.BatchNorm2d(4), nn.ReLU(), nn.Flatten(),
+                         nn.Linear(16, K_OUT))
+
+
+def sync_batch_norm_uneven(path):
+    """A synchronised BatchNorm2d over uneven slices, one of them empty on 3 ranks;
+    rank r's loss is its squared error times W over the global batch's elements."""
+    rank, world_size = dist.get_rank(), dist.get_world_size()
+    net = make_conv_bn()
+    start(net, path)
+    model = nn.parallel.DistributedDataParallel(with_cpu_sync_batch_norm(net))
+    optimizer = sgd(model)
+    sizes = sync_slices(world_size)
+    first, count = sum(sizes[:rank]), sizes[rank]
+    scale = world_size / (K_SYNC_BATCH * K_OUT)
+    for step in range(K_STEPS):
+        x, y = samples(step * K_SYNC_BATCH + first, count)
+        optimizer.zero_grad()
+        ((model(x.reshape(count, 2, 2, 2)) - y).square().sum() * scale).backward()
+        optimizer.step()
+    finish(net, path)
 
 
 def main():
@@ -109,6 +579,17 @@ def main():
     train_and_write(BranchNet(),
                     {"find_unused_parameters": True, "gradient_as_bucket_view": True},
                     prefix + ".branch.txt")
+    unused_output(prefix + ".unused_output.txt")
+    no_sync_buffers(prefix + ".no_sync_buffers.txt")
+    join_buffers(prefix + ".join_buffers.txt")
+    join_unused(prefix + ".join_unused.txt")
+    refused(lambda: nn.Sequential(nn.ReLU()), prefix + ".no_parameters.txt")
+    refused(frozen_mlp, prefix + ".frozen.txt")
+    two_forwards(prefix + ".two_forwards.txt")
+    train_tokens(EmbeddingNet(), prefix + ".embedding.txt")
+    train_tokens(EmbeddingBagNet(), prefix + ".embedding_bag.txt")
+    sync_batch_norm(prefix + ".sync_batch_norm.txt")
+    sync_batch_norm_uneven(prefix + ".sync_batch_norm_uneven.txt")
     dist.destroy_process_group()
 
 

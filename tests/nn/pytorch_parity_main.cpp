@@ -4,17 +4,31 @@
 // and compares what rank 0 of each wrote).
 //
 // Usage:
-//   build/ddprun --nproc-per-node 2 build/tests/ddp_pytorch_parity_main OUT_PREFIX
-// trains each configuration below for 5 steps of SGD (lr 0.2, momentum
-// 0.5) on rank slices of the closed-form data, and on rank 0 writes the
-// final parameters to OUT_PREFIX.<configuration>.txt (one "name values..."
-// line each). Exits 1 on an error.
+//   build/ddprun --nproc-per-node 2 build/tests/ddp_pytorch_parity_main OUT_PREFIX \
+//       [CONFIGURATION...]
+// trains each configuration below with SGD (lr 0.2, momentum 0.5) on rank
+// slices of the closed-form data, and on rank 0 (or the rank a
+// configuration names) writes the final parameters and buffers to
+// OUT_PREFIX.<configuration>.txt (one "name values..." line each, then
+// "name.grad_defined 0|1" per parameter); for a module that DDP must
+// refuse, it writes the error to OUT_PREFIX.<configuration>.error.txt.
+// Exits 1 on an unexpected error. With CONFIGURATION names, runs only those.
+//
+// The configurations (each function below says what it checks), in the
+// reference's order: mlp, branch, unused_output, no_sync_buffers,
+// join_buffers, join_unused, no_parameters, frozen, two_forwards, embedding,
+// embedding_bag, sync_batch_norm, sync_batch_norm_uneven.
 
 #include <torch/torch.h>
 
+#include <algorithm>
 #include <cstdio>
 #include <exception>
+#include <functional>
 #include <string>
+#include <tuple>
+#include <utility>
+#include <vector>
 
 #include <ddp/ddp.h>
 
@@ -23,47 +37,391 @@
 namespace {
 
 constexpr int kSteps = 5;
+// Uneven inputs (the Join configurations): rank r has 2 + r batches of
+// kRowsPerBatch samples of its own.
+constexpr int64_t kRowsPerBatch = 4;
+constexpr int64_t kMaxRanks = 16;
 
-// Must match pytorch_ddp_reference.py.
+int batches_of(int rank) {
+  return 2 + rank;
+}
+
+std::pair<torch::Tensor, torch::Tensor> uneven_batch(int step, int rank) {
+  return ddp_test::samples((step * kMaxRanks + rank) * kRowsPerBatch, kRowsPerBatch);
+}
+
+// Must match pytorch_ddp_reference.py's TwoHeadNet: two outputs, of which
+// the loss uses `b`'s only.
+struct TwoHeadNetImpl : torch::nn::Module {
+  TwoHeadNetImpl()
+      : trunk(register_module("trunk", torch::nn::Linear(ddp_test::kIn, ddp_test::kHidden))),
+        a(register_module("a", torch::nn::Linear(ddp_test::kHidden, ddp_test::kOut))),
+        b(register_module("b", torch::nn::Linear(ddp_test::kHidden, ddp_test::kOut))) {}
+
+  std::tuple<torch::Tensor, torch::Tensor> forward(torch::Tensor x) {
+    auto h = torch::tanh(trunk(x));
+    return {a(h), b(h)};
+  }
+
+  torch::nn::Linear trunk, a, b;
+};
+TORCH_MODULE(TwoHeadNet);
+
+// Must match pytorch_ddp_reference.py's SwitchNet: `extra` is used when the
+// caller says so.
+struct SwitchNetImpl : torch::nn::Module {
+  SwitchNetImpl()
+      : fc1(register_module("fc1", torch::nn::Linear(ddp_test::kIn, ddp_test::kHidden))),
+        extra(register_module("extra", torch::nn::Linear(ddp_test::kHidden, ddp_test::kHidden))),
+        fc2(register_module("fc2", torch::nn::Linear(ddp_test::kHidden, ddp_test::kOut))) {}
+
+  torch::Tensor forward(torch::Tensor x, bool use_extra) {
+    auto h = torch::relu(fc1(x));
+    if (use_extra) {
+      h = h + torch::tanh(extra(h));
+    }
+    return fc2(h);
+  }
+
+  torch::nn::Linear fc1, extra, fc2;
+};
+TORCH_MODULE(SwitchNet);
+
+torch::optim::SGD make_sgd(ddp::DistributedDataParallel& model) {
+  return torch::optim::SGD(model->parameters(), torch::optim::SGDOptions(0.2).momentum(0.5));
+}
+
+// What PyTorch's `optimizer.zero_grad(set_to_none=True)` does, whichever
+// LibTorch this is (1.13's zero_grad() zeroes in place, 2.x's sets to none).
+void set_grads_to_none(torch::nn::Module& module) {
+  for (auto& p : module.parameters()) {
+    p.mutable_grad() = torch::Tensor();
+  }
+}
+
+int rank() {
+  return ddp::default_process_group()->rank();
+}
+
+int world_size() {
+  return ddp::default_process_group()->size();
+}
+
+// Rank `writer` writes the state and which gradients are defined; false
+// on an I/O error.
+bool write_result(const torch::nn::Module& net, const std::string& path, int writer = 0) {
+  if (rank() != writer) {
+    return true;
+  }
+  bool ok = ddp_test::write_state_text(net, path);
+  if (std::FILE* file = std::fopen(path.c_str(), "a")) {
+    for (const auto& p : net.named_parameters()) {
+      std::fprintf(file, "%s.grad_defined %d\n", p.key().c_str(),
+                   p.value().grad().defined() ? 1 : 0);
+    }
+    ok = std::fclose(file) == 0 && ok;
+  } else {
+    ok = false;
+  }
+  if (!ok) {
+    std::fprintf(stderr, "ddp_pytorch_parity_main: cannot write %s\n", path.c_str());
+    return false;
+  }
+  std::printf("wrote %s\n", path.c_str());
+  return true;
+}
+
+// mlp, branch: plain training, zero_grad() as each LibTorch does it (the
+// reference's zero_grad() does the same in the matching PyTorch).
 template <typename Net>
 bool train_and_write(Net net, const ddp::DistributedDataParallelOptions& options,
                      const std::string& path) {
-  auto group = ddp::default_process_group();
   ddp_test::init_closed_form(*net);
   ddp::DistributedDataParallel model(net, options);
-  torch::optim::SGD optimizer(model->parameters(), torch::optim::SGDOptions(0.2).momentum(0.5));
+  auto optimizer = make_sgd(model);
   for (int step = 0; step < kSteps; ++step) {
-    auto [x, y] = ddp_test::rank_batch(step, group->rank(), group->size());
+    auto [x, y] = ddp_test::rank_batch(step, rank(), world_size());
     optimizer.zero_grad();
     torch::mse_loss(model(x), y).backward();
     optimizer.step();
   }
-  if (group->rank() == 0) {
-    if (!ddp_test::write_state_text(*net, path)) {
-      std::fprintf(stderr, "ddp_pytorch_parity_main: cannot write %s\n", path.c_str());
-      return false;
-    }
-    std::printf("wrote %s\n", path.c_str());
+  return write_result(*net, path);
+}
+
+// embedding, embedding_bag: sparse gradients (closed_form.h's EmbeddingNet
+// and EmbeddingBagNet, sparse(true)), which DDP reduces with Gloo's sparse
+// allreduce; the model reads this rank's tokens.
+template <typename Net>
+bool train_tokens(Net net, const std::string& path) {
+  ddp_test::init_closed_form(*net);
+  ddp::DistributedDataParallel model(net);
+  auto optimizer = make_sgd(model);
+  for (int step = 0; step < kSteps; ++step) {
+    const auto target = ddp_test::rank_batch(step, rank(), world_size()).second;
+    optimizer.zero_grad();
+    torch::mse_loss(model(ddp_test::rank_tokens(step, rank(), world_size())), target).backward();
+    optimizer.step();
   }
-  return true;
+  return write_result(*net, path);
+}
+
+// unused_output: the forward returns (a(h), b(h)) and the loss uses b's only;
+// with find_unused_parameters, `a` counts as unused (its gradient stays
+// undefined) and every other gradient is reduced.
+bool unused_output(const std::string& path) {
+  TwoHeadNet net;
+  ddp_test::init_closed_form(*net);
+  ddp::DistributedDataParallel model(
+      net, ddp::DistributedDataParallelOptions().find_unused_parameters(true));
+  auto optimizer = make_sgd(model);
+  for (int step = 0; step < kSteps; ++step) {
+    auto [x, y] = ddp_test::rank_batch(step, rank(), world_size());
+    set_grads_to_none(*net);
+    auto outputs = model.forward<std::tuple<torch::Tensor, torch::Tensor>>(x);
+    torch::mse_loss(std::get<1>(outputs), y).backward();
+    optimizer.step();
+  }
+  return write_result(*net, path);
+}
+
+// no_sync_buffers: 2 outer steps, each: a forward without gradients (which
+// updates the statistics too, in training mode), 2 micro-steps under
+// no_sync, then a synchronised one, on a BatchNorm model: buffers are
+// broadcast only before a forward that follows a synchronised one (with
+// gradients, outside no_sync). The last rank writes, since the broadcasts
+// never change rank 0's own statistics.
+bool no_sync_buffers(const std::string& path) {
+  auto net = ddp_test::make_bn_mlp();
+  ddp_test::init_closed_form(*net);
+  ddp::DistributedDataParallel model(net);
+  auto optimizer = make_sgd(model);
+  for (int outer = 0; outer < 2; ++outer) {
+    {
+      torch::NoGradGuard no_grad;
+      model(ddp_test::rank_batch(10 + outer, rank(), world_size()).first);
+    }
+    set_grads_to_none(*net);
+    for (int micro = 0; micro < 3; ++micro) {
+      auto [x, y] = ddp_test::rank_batch(outer * 3 + micro, rank(), world_size());
+      if (micro < 2) {
+        auto guard = model->no_sync();
+        torch::mse_loss(model(x), y).backward();
+      } else {
+        torch::mse_loss(model(x), y).backward();
+      }
+    }
+    optimizer.step();
+  }
+  return write_result(*net, path, world_size() - 1);
+}
+
+// Trains `model` under ddp::Join on this rank's uneven batches.
+void train_uneven(torch::nn::Module& net, ddp::DistributedDataParallel& model,
+                  const std::function<torch::Tensor(const torch::Tensor&)>& forward) {
+  auto optimizer = make_sgd(model);
+  ddp::Join join(model);
+  for (int step = 0; step < batches_of(rank()); ++step) {
+    auto [x, y] = uneven_batch(step, rank());
+    set_grads_to_none(net);
+    torch::mse_loss(forward(x), y).backward();
+    optimizer.step();
+  }
+  join.finish();
+}
+
+// join_buffers: a BatchNorm model under Join, rank r with 2 + r batches:
+// buffers come from the highest rank still training.
+bool join_buffers(const std::string& path) {
+  auto net = ddp_test::make_bn_mlp();
+  ddp_test::init_closed_form(*net);
+  ddp::DistributedDataParallel model(net);
+  train_uneven(*net, model, [&](const torch::Tensor& x) { return model(x); });
+  return write_result(*net, path);
+}
+
+// join_unused: rank 0 alone uses `extra`, and joins first; its last usage
+// map keeps counting `extra` as used, so the ranks still training get a zero
+// gradient there (which momentum then applies).
+bool join_unused(const std::string& path) {
+  SwitchNet net;
+  ddp_test::init_closed_form(*net);
+  ddp::DistributedDataParallel model(
+      net, ddp::DistributedDataParallelOptions().find_unused_parameters(true));
+  const bool use_extra = rank() == 0;
+  train_uneven(*net, model, [&](const torch::Tensor& x) { return model(x, use_extra); });
+  return write_result(*net, path);
+}
+
+// no_parameters, frozen: a module with nothing to train must be refused.
+template <typename Net>
+bool refused(Net net, const std::string& path) {
+  try {
+    ddp::DistributedDataParallel model(net);
+  } catch (const c10::Error& e) {
+    if (rank() == 0) {
+      const std::string error_path = path.substr(0, path.size() - 4) + ".error.txt";
+      std::FILE* file = std::fopen(error_path.c_str(), "w");
+      if (file == nullptr) {
+        return false;
+      }
+      std::fprintf(file, "%s\n", e.msg().c_str());
+      std::printf("refused: %s\n", e.msg().c_str());
+      return std::fclose(file) == 0;
+    }
+    return true;
+  }
+  std::printf("accepted a module with nothing to train\n");
+  return true; // the driver reports it
+}
+
+torch::nn::Sequential frozen_mlp() {
+  auto net = ddp_test::make_mlp();
+  for (auto& p : net->parameters()) {
+    p.set_requires_grad(false);
+  }
+  return net;
+}
+
+// two_forwards: two forwards of a BatchNorm model, then one backward of both
+// losses (the second forward's buffer broadcast must not break the first's
+// graph). PyTorch 1.13 and 2.11 raise "modified by an inplace operation"
+// here (PyTorch issue 175024); the reference then writes the one-process
+// result instead (its two_forwards_one_process: the average of the ranks'
+// gradients, rank 0's running statistics) and a note, and the driver
+// compares ours with that. A PyTorch that trains it gives its own numbers.
+bool two_forwards(const std::string& path) {
+  auto net = ddp_test::make_bn_mlp();
+  ddp_test::init_closed_form(*net);
+  ddp::DistributedDataParallel model(net);
+  auto optimizer = make_sgd(model);
+  for (int step = 0; step < kSteps; ++step) {
+    set_grads_to_none(*net);
+    auto [x1, y1] = ddp_test::rank_batch(2 * step, rank(), world_size());
+    auto [x2, y2] = ddp_test::rank_batch(2 * step + 1, rank(), world_size());
+    auto out1 = model(x1);
+    auto out2 = model(x2);
+    (torch::mse_loss(out1, y1) + torch::mse_loss(out2, y2)).backward();
+    optimizer.step();
+  }
+  return write_result(*net, path);
+}
+
+// sync_batch_norm: the BatchNorm MLP with its BatchNorm1d converted to a
+// ddp::nn::SyncBatchNorm, on the even rank slices: the statistics are those
+// of the global batch. PyTorch's SyncBatchNorm refuses CPU tensors, so the
+// reference runs PyTorch's own SyncBatchNorm autograd function (its
+// collectives over gloo, under PyTorch's DDP) with its five CUDA-only
+// kernels computed on the CPU from their definitions (see
+// pytorch_ddp_reference.py, "SyncBatchNorm").
+bool sync_batch_norm(const std::string& path) {
+  auto net = ddp_test::make_bn_mlp();
+  ddp_test::init_closed_form(*net);
+  ddp::nn::convert_sync_batchnorm(net);
+  ddp::DistributedDataParallel model(net);
+  auto optimizer = make_sgd(model);
+  for (int step = 0; step < kSteps; ++step) {
+    auto [x, y] = ddp_test::rank_batch(step, rank(), world_size());
+    optimizer.zero_grad();
+    torch::mse_loss(model(x), y).backward();
+    optimizer.step();
+  }
+  return write_result(*net, path);
+}
+
+// sync_batch_norm_uneven: a SyncBatchNorm2d on 4-D input (the kIn features
+// of a sample as 2 x 2 x 2) over uneven slices of a global batch of
+// kSyncBatch samples: [3 5] on 2 ranks, [3 0 5] on 3 (an empty rank), even
+// otherwise. Must match pytorch_ddp_reference.py's make_conv_bn and
+// sync_slices. Rank r's loss is its squared error times W over the global
+// batch's target elements, so that DDP's average is the global mean.
+constexpr int64_t kSyncBatch = 8;
+
+std::vector<int64_t> sync_slices(int world_size) {
+  if (world_size == 2) {
+    return {3, 5};
+  }
+  if (world_size == 3) {
+    return {3, 0, 5};
+  }
+  std::vector<int64_t> sizes(static_cast<size_t>(world_size), kSyncBatch / world_size);
+  sizes.back() += kSyncBatch % world_size;
+  return sizes;
+}
+
+torch::nn::Sequential make_conv_bn() {
+  return torch::nn::Sequential(torch::nn::Conv2d(torch::nn::Conv2dOptions(2, 4, 1)),
+                               torch::nn::BatchNorm2d(4), torch::nn::ReLU(), torch::nn::Flatten(),
+                               torch::nn::Linear(16, ddp_test::kOut));
+}
+
+bool sync_batch_norm_uneven(const std::string& path) {
+  auto net = make_conv_bn();
+  ddp_test::init_closed_form(*net);
+  ddp::nn::convert_sync_batchnorm(net);
+  ddp::DistributedDataParallel model(net);
+  auto optimizer = make_sgd(model);
+  const auto sizes = sync_slices(world_size());
+  int64_t first = 0;
+  for (int r = 0; r < rank(); ++r) {
+    first += sizes[static_cast<size_t>(r)];
+  }
+  const int64_t count = sizes[static_cast<size_t>(rank())];
+  const double scale = static_cast<double>(world_size()) / static_cast<double>(kSyncBatch * ddp_test::kOut);
+  for (int step = 0; step < kSteps; ++step) {
+    auto [x, y] = ddp_test::samples(step * kSyncBatch + first, count);
+    optimizer.zero_grad();
+    ((model(x.reshape({count, 2, 2, 2})) - y).square().sum() * scale).backward();
+    optimizer.step();
+  }
+  return write_result(*net, path);
 }
 
 } // namespace
 
 int main(int argc, char** argv) {
-  if (argc != 2) {
-    std::fprintf(stderr, "usage: ddp_pytorch_parity_main OUT_PREFIX\n");
+  if (argc < 2) {
+    std::fprintf(stderr, "usage: ddp_pytorch_parity_main OUT_PREFIX [CONFIGURATION...]\n");
     return 2;
   }
   const std::string prefix = argv[1];
+  const std::vector<std::string> only(argv + 2, argv + argc);
+  using Run = std::function<bool(const std::string& path)>;
+  const std::vector<std::pair<std::string, Run>> configurations = {
+      {"mlp",
+       [](const std::string& path) { return train_and_write(ddp_test::make_mlp(), {}, path); }},
+      {"branch",
+       [](const std::string& path) {
+         return train_and_write(ddp_test::BranchNet(),
+                                ddp::DistributedDataParallelOptions()
+                                    .find_unused_parameters(true)
+                                    .gradient_as_bucket_view(true),
+                                path);
+       }},
+      {"unused_output", unused_output},
+      {"no_sync_buffers", no_sync_buffers},
+      {"join_buffers", join_buffers},
+      {"join_unused", join_unused},
+      {"no_parameters",
+       [](const std::string& path) {
+         return refused(torch::nn::Sequential(torch::nn::ReLU()), path);
+       }},
+      {"frozen", [](const std::string& path) { return refused(frozen_mlp(), path); }},
+      {"two_forwards", two_forwards},
+      {"embedding",
+       [](const std::string& path) { return train_tokens(ddp_test::EmbeddingNet(), path); }},
+      {"embedding_bag",
+       [](const std::string& path) { return train_tokens(ddp_test::EmbeddingBagNet(), path); }},
+      {"sync_batch_norm", sync_batch_norm},
+      {"sync_batch_norm_uneven", sync_batch_norm_uneven},
+  };
   try {
     ddp::init_process_group();
-    bool ok = train_and_write(ddp_test::make_mlp(), {}, prefix + ".mlp.txt");
-    ok = ok && train_and_write(ddp_test::BranchNet(),
-                               ddp::DistributedDataParallelOptions()
-                                   .find_unused_parameters(true)
-                                   .gradient_as_bucket_view(true),
-                               prefix + ".branch.txt");
+    bool ok = true;
+    for (const auto& [name, run] : configurations) {
+      if (only.empty() || std::find(only.begin(), only.end(), name) != only.end()) {
+        ok = run(prefix + "." + name + ".txt") && ok;
+      }
+    }
     ddp::destroy_process_group();
     return ok ? 0 : 1;
   } catch (const std::exception& e) {

@@ -68,6 +68,7 @@ std::vector<uint8_t> hello() {
   w.u32(ts::kMagic);
   w.u32(ts::kProtocolVersion);
   w.u8(0);
+  w.bytes(std::string()); // no token
   return std::move(w).finish();
 }
 
@@ -76,10 +77,12 @@ std::vector<uint8_t> hello() {
 void expect_closed_by_server(const internal::Socket& socket, bool greeted) {
   const auto deadline = Clock::now() + milliseconds(3000);
   if (greeted) {
-    uint8_t reply[ts::kHeaderBytes];
+    // kOk and the server's idle timeout.
+    uint8_t reply[ts::kHeaderBytes + 8];
     auto r = internal::recv_all(socket.fd(), reply, sizeof(reply), deadline);
     ASSERT_EQ(r.status, internal::IoStatus::kOk) << internal::describe(r);
     EXPECT_EQ(reply[0], static_cast<uint8_t>(ts::Status::kOk));
+    EXPECT_EQ(ts::body_length(reply), 8u);
   }
   uint8_t byte = 0;
   auto r = internal::recv_all(socket.fd(), &byte, 1, deadline);

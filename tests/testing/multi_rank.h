@@ -35,6 +35,10 @@ std::shared_ptr<ProcessGroup> make_gloo_group(
 // A Gloo group of one rank over a fresh HashStore, outside run_threads.
 std::shared_ptr<ProcessGroup> make_gloo_group_of_one();
 
+// A TCP port on loopback that was free a moment ago (the kernel picks it),
+// or -1.
+int free_port();
+
 // What happened to one forked rank.
 struct ProcessResult {
   int exit_code = -1; // when it exited normally, else -1

@@ -3,6 +3,7 @@
 /// `ProcessGroup`: the ranks of a job and the collectives they run together.
 
 #include <ATen/core/Tensor.h>
+#include <c10/core/DeviceType.h>
 
 #include <chrono>
 #include <memory>
@@ -63,6 +64,8 @@ class ProcessGroup {
   virtual std::string backend_name() const = 0;
 
   /// Reduces `tensor` across ranks in place; every rank gets the result.
+  /// Where `supports_sparse_allreduce` says so, `tensor` may be a sparse COO
+  /// tensor (SUM only): it then becomes the coalesced sum of every rank's.
   virtual std::shared_ptr<Work> allreduce(
       const at::Tensor& tensor,
       const AllreduceOptions& options = {}) = 0;
@@ -130,6 +133,36 @@ class ProcessGroup {
   /// Completes once every rank has called it.
   virtual std::shared_ptr<Work> barrier(const BarrierOptions& options = {}) = 0;
 
+  /// A barrier that names the ranks that did not reach it, as PyTorch's
+  /// `monitored_barrier`: every other rank sends a token to rank 0 and waits
+  /// for rank 0's acknowledgement; rank 0 receives from each rank within
+  /// `timeout` (from the start of the call). When a rank is late, rank 0
+  /// throws `TimeoutError` naming it ("rank 2 did not reach
+  /// monitored_barrier within 5000 ms"), or naming every late rank with
+  /// `wait_all_ranks`; the other ranks then time out waiting for rank 0.
+  /// Blocking. Uses `send`/`recv` with CPU tensors and the reserved tag
+  /// kMonitoredBarrierTag, so it needs a backend with CPU point-to-point:
+  /// Gloo, MPI, or the cpu:gloo,cuda:nccl composite (not NCCL alone).
+  void monitored_barrier(std::chrono::milliseconds timeout = kUseGroupTimeout,
+                         bool wait_all_ranks = false);
+
+  /// The tag that monitored_barrier uses for its sends and receives.
+  static constexpr int kMonitoredBarrierTag = (1 << 30) + 17;
+
+  /// Whether `allreduce` takes a sparse COO tensor on `device_type` (the
+  /// Gloo backend: CPU and CUDA). DistributedDataParallel asks at
+  /// construction, for a model with sparse gradients. Default: what the
+  /// backend declared with `set_supports_sparse_allreduce` (false unless it
+  /// did).
+  virtual bool supports_sparse_allreduce(c10::DeviceType device_type) const;
+
+  /// Blocks until every operation issued on this group so far has completed
+  /// or failed (each is bounded by its own deadline); their errors stay with
+  /// their Works. `destroy_process_group()` calls it before it lets the group
+  /// go, so that an operation issued without `wait()` is not dropped. The
+  /// asynchronous backends override it; the default returns at once.
+  virtual void wait_for_pending_work();
+
   /// Sends `tensor` to rank `dst_rank`; matched by a `recv` with the same tag.
   virtual std::shared_ptr<Work> send(
       const at::Tensor& tensor,
@@ -147,11 +180,17 @@ class ProcessGroup {
   std::string rank_prefix() const;
   /// The deadline to use: `requested` unless it is kUseGroupTimeout.
   std::chrono::milliseconds resolve_timeout(std::chrono::milliseconds requested) const;
+  /// For a backend's constructor: `allreduce` takes sparse COO tensors on
+  /// every device type it takes dense ones.
+  void set_supports_sparse_allreduce(bool value) {
+    sparse_allreduce_ = value;
+  }
 
  private:
   const int rank_;
   const int size_;
   const std::chrono::milliseconds timeout_;
+  bool sparse_allreduce_ = false; // written by the constructors only
 };
 
 } // namespace ddp

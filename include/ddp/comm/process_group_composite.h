@@ -68,6 +68,10 @@ class CompositeProcessGroup : public ProcessGroup {
   std::shared_ptr<Work> alltoall(
       const at::Tensor& output, const at::Tensor& input, const AlltoallOptions& options = {}) override;
   std::shared_ptr<Work> barrier(const BarrierOptions& options = {}) override;
+  /// The answer of the backend serving `device_type` (false when none does).
+  bool supports_sparse_allreduce(c10::DeviceType device_type) const override;
+  /// Waits for every backend's.
+  void wait_for_pending_work() override;
   std::shared_ptr<Work> send(
       const at::Tensor& tensor, int dst_rank, const PointToPointOptions& options = {}) override;
   std::shared_ptr<Work> recv(

@@ -63,6 +63,7 @@ class ProcessGroupGloo : public ProcessGroup {
   std::string backend_name() const override {
     return "gloo";
   }
+  void wait_for_pending_work() override;
 
   std::shared_ptr<Work> allreduce(const at::Tensor& tensor, const AllreduceOptions& options = {}) override;
   std::shared_ptr<Work> allreduce_coalesced(

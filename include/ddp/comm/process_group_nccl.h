@@ -104,6 +104,7 @@ class ProcessGroupNCCL : public ProcessGroup {
   std::string backend_name() const override {
     return "nccl";
   }
+  void wait_for_pending_work() override;
 
   /// The CUDA device the group drives, or -1 until its first operation
   /// chooses it.

@@ -14,22 +14,37 @@ class Optimizer;
 
 namespace ddp {
 
-/// Rank 0 saves the wrapped module's parameters and buffers to `path`
-/// (written to a temporary file in the same directory, then renamed, so a
-/// crash never leaves half a file), then every rank waits at a barrier. The
-/// names carry no wrapper prefix: a plain single-process program reads the
-/// file with `torch::load(net, path)`. Collective: call on every rank.
+/// Rank 0 saves the wrapped module's parameters and buffers to `path`, then
+/// every rank waits at a barrier. The names carry no wrapper prefix: a plain
+/// single-process program reads the file with `torch::load(net, path)`.
+/// Atomic: the file is written under a temporary name, flushed to disk and
+/// renamed into place, so a crash leaves the old checkpoint or the new one,
+/// never a part; the temporary files of a killed save are removed by the
+/// next save to `path`. A `path + ".optimizer"` left by an earlier save with
+/// an optimizer is removed. Collective: call on every rank. Throws
+/// c10::Error on every rank when rank 0 cannot write.
 void save_checkpoint(const DistributedDataParallel& model, const std::string& path);
 
-/// As above, and also saves `optimizer`'s state to `path + ".optimizer"`.
+/// As above, and also saves `optimizer`'s state to `path + ".optimizer"`
+/// (what `torch::save(optimizer, ...)` writes). The pair is replaced
+/// atomically: `path` is written last and names the optimizer state that
+/// belongs to it (its size and checksum), so that a crash at any point
+/// leaves a pair from one save, the old one or the new one, which
+/// load_checkpoint can read. See docs/ddp.md, "Checkpoints".
 void save_checkpoint(const DistributedDataParallel& model, torch::optim::Optimizer& optimizer,
                      const std::string& path);
 
 /// Every rank loads `path` into the wrapped module, onto the device its
 /// parameters live on. Not a collective; all ranks read the same file.
+/// Reads files of save_checkpoint and of `torch::save(module, path)`.
+/// Throws c10::Error naming the file when it cannot be read.
 void load_checkpoint(DistributedDataParallel& model, const std::string& path);
 
 /// As above, and also loads `optimizer`'s state from `path + ".optimizer"`.
+/// Refuses, with a c10::Error and before changing the model, an optimizer
+/// file that is missing or was not written by the same save as `path`, and
+/// a `path` saved without an optimizer. (A checkpoint written by an older
+/// ddp, which names no optimizer state, is loaded unchecked.)
 void load_checkpoint(DistributedDataParallel& model, torch::optim::Optimizer& optimizer,
                      const std::string& path);
 

@@ -20,8 +20,13 @@ namespace ddp {
 /// One bucket of gradients, handed to a communication hook.
 ///
 /// `buffer()` is a flat 1-D tensor holding the gradients of `parameters()`
-/// back to back (`gradients()` are views into it). A hook must not keep the
-/// GradBucket past its call; it may keep `buffer()` (a tensor handle).
+/// back to back (`gradients()` are views into it). The exception is the
+/// bucket of a sparse gradient (the weight of an Embedding or EmbeddingBag
+/// with sparse(true)): it holds that one parameter, and `buffer()` (and
+/// `gradients()[0]`) is its sparse COO gradient, shaped like the parameter,
+/// which `ProcessGroup::allreduce` reduces where the group supports it. A
+/// hook must not keep the GradBucket past its call; it may keep `buffer()`
+/// (a tensor handle).
 class GradBucket {
  public:
   /// `parameter_names` is shared with DistributedDataParallel's bucket, so
@@ -67,7 +72,8 @@ class GradBucket {
 /// A communication hook. It receives the bucket and returns a `Work` (a
 /// future) whose `result()[0]` is a tensor with as many elements as
 /// `bucket.buffer()`, holding the reduced gradients that every rank will use
-/// (for the usual averaging: the mean over ranks). Returning
+/// (for the usual averaging: the mean over ranks); for a sparse bucket, a
+/// sparse or dense tensor of the parameter's shape. Returning
 /// `bucket.buffer()` itself, reduced in place, avoids a copy.
 ///
 /// Runs on the autograd engine thread during backward. It must issue the

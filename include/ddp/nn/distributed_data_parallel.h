@@ -63,11 +63,16 @@ struct DistributedDataParallelOptions {
   /// first, so a small bucket starts communication early. Default: 1.
   TORCH_ARG(double, first_bucket_cap_mb) = 1.0;
   /// Broadcast rank 0's buffers (e.g. BatchNorm running statistics) before
-  /// every forward. Default: true.
+  /// every forward that follows a synchronised one (gradients enabled, not
+  /// under `no_sync()`); under `ddp::Join`, the buffers of the highest rank
+  /// still training. Default: true.
   TORCH_ARG(bool, broadcast_buffers) = true;
-  /// After every forward, find the parameters that the output does not
-  /// depend on, and count them as ready so that reduction completes without
-  /// them. Costs a walk of the autograd graph. Default: false.
+  /// Tolerate parameters that get no gradient in a backward: after every
+  /// forward, those that the output does not depend on count as ready, and
+  /// the output's tensors pass through one autograd node, so that the
+  /// parameters behind an output that the loss does not use count as unused
+  /// too. A parameter unused on every rank keeps its gradient as it was.
+  /// Costs a walk of the autograd graph. Default: false.
   TORCH_ARG(bool, find_unused_parameters) = false;
   /// Make each parameter's `grad()` a view into its bucket: no copy back after
   /// the allreduce, and less memory. Default: false.
@@ -86,6 +91,10 @@ struct BucketInsight {
   /// Element type and size of the flat buffer.
   std::string dtype;
   size_t bytes = 0;
+  /// True for the bucket of one sparse gradient (an Embedding's or
+  /// EmbeddingBag's with sparse(true)): `bytes` are then those of its
+  /// indices and values when it was last reduced (0 before).
+  bool sparse = false;
   /// When its communication started and finished, in ms after the first
   /// gradient of the backward pass was ready.
   double launch_ms = 0;
@@ -170,7 +179,10 @@ class DistributedDataParallelImpl : public torch::nn::Module {
         forwarder_.sequential
             ? forwarder_.sequential->template forward<ReturnType>(std::forward<Args>(args)...)
             : forwarder_.any.template forward<ReturnType>(std::forward<Args>(args)...);
-    post_forward(output_tensors(output));
+    // Non-owning: the tensors of `output`, which outlives the call.
+    std::vector<at::Tensor*> tensors;
+    for_each_output_tensor(output, [&](at::Tensor& tensor) { tensors.push_back(&tensor); });
+    post_forward(tensors);
     return output;
   }
 
@@ -222,36 +234,29 @@ class DistributedDataParallelImpl : public torch::nn::Module {
   friend class Join;
 
   void pre_forward();
-  void post_forward(const std::vector<at::Tensor>& outputs);
+  // May replace the output's tensors (see Note [Outputs through one node]
+  // in distributed_data_parallel.cpp).
+  void post_forward(const std::vector<at::Tensor*>& outputs);
 
-  // The tensors in a forward's output, for finding unused parameters.
-  static std::vector<at::Tensor> output_tensors(const at::Tensor& output) {
-    return {output};
+  // Calls `fn(at::Tensor&)` on each tensor of a forward's output: a tensor,
+  // a std::vector of tensors, or a std::tuple of those. Other types hold no
+  // tensor DDP can see (find_unused_parameters then says so).
+  template <typename Fn>
+  static void for_each_output_tensor(at::Tensor& output, const Fn& fn) {
+    fn(output);
   }
-  static std::vector<at::Tensor> output_tensors(const std::vector<at::Tensor>& outputs) {
-    return outputs;
+  template <typename Fn>
+  static void for_each_output_tensor(std::vector<at::Tensor>& outputs, const Fn& fn) {
+    for (auto& output : outputs) {
+      fn(output);
+    }
   }
-  template <typename... Ts>
-  static std::vector<at::Tensor> output_tensors(const std::tuple<Ts...>& outputs) {
-    std::vector<at::Tensor> tensors;
-    std::apply(
-        [&](const auto&... items) {
-          (append(tensors, output_tensors_or_none(items)), ...);
-        },
-        outputs);
-    return tensors;
+  template <typename Fn, typename... Ts>
+  static void for_each_output_tensor(std::tuple<Ts...>& outputs, const Fn& fn) {
+    std::apply([&](auto&... items) { (for_each_output_tensor(items, fn), ...); }, outputs);
   }
-  template <typename T>
-  static std::vector<at::Tensor> output_tensors(const T&) {
-    return {}; // not a tensor: nothing to walk (find_unused_parameters says so)
-  }
-  template <typename T>
-  static std::vector<at::Tensor> output_tensors_or_none(const T& item) {
-    return output_tensors(item);
-  }
-  static void append(std::vector<at::Tensor>& to, std::vector<at::Tensor> from) {
-    to.insert(to.end(), from.begin(), from.end());
-  }
+  template <typename T, typename Fn>
+  static void for_each_output_tensor(T&, const Fn&) {}
 
   detail::Forwarder forwarder_;
   std::shared_ptr<torch::nn::Module> module_;
@@ -263,6 +268,10 @@ class DistributedDataParallelImpl : public torch::nn::Module {
   // Non-owning: set by a live ddp::Join on this module, which unsets it
   // before it ends.
   Join* join_ = nullptr;
+  // Whether the last forward ran with gradients enabled and outside
+  // no_sync(): only then does the next forward broadcast the buffers, as
+  // PyTorch's (require_forward_param_sync).
+  bool last_forward_synchronised_ = true;
   std::chrono::steady_clock::time_point forward_start_;
 };
 

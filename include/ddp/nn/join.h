@@ -14,9 +14,13 @@ namespace ddp {
 /// allreduces with zeros), so that nobody waits forever. Every rank creates
 /// the Join before its training loop and calls `finish()` after it; `finish()`
 /// returns once all ranks have finished, and leaves every rank with the
-/// parameters of the rank that trained longest. Gradients are averaged over
-/// the whole world size, counting a finished rank's gradients as zero (as
-/// PyTorch's default, `divide_by_initial_world_size=True`).
+/// parameters and buffers of the rank that trained longest. As in PyTorch:
+/// gradients are averaged over the whole world size, counting a finished
+/// rank's gradients as zero (`divide_by_initial_world_size=True`); buffers
+/// are broadcast from the highest rank still training, not from rank 0; and
+/// with `find_unused_parameters`, a finished rank keeps sending the
+/// parameter usage of its last synchronised step, so that a parameter it
+/// used then counts as used (a zero gradient on the others, not none).
 ///
 /// Example:
 /// ```
@@ -46,8 +50,10 @@ class Join {
 
  private:
   friend class DistributedDataParallelImpl;
-  // Called at the start of every forward of a rank still training.
-  void on_forward(bool will_sync);
+  // Called at the start of every forward of a rank still training, with
+  // whether this step reduces gradients and broadcasts buffers; returns the
+  // rank to broadcast the buffers from.
+  int on_forward(bool will_sync_gradients, bool will_sync_buffers);
 
   DistributedDataParallel model_;
   int64_t steps_trained_ = 0;

@@ -1,5 +1,6 @@
 #include "comm/gloo/gloo_rendezvous.h"
 
+#include <dirent.h>
 #include <dlfcn.h>
 
 #include <arpa/inet.h>
@@ -7,7 +8,9 @@
 #include <sys/socket.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <cstring>
+#include <sstream>
 
 #include <ddp/comm/error.h>
 
@@ -72,8 +75,21 @@ void wait_for_all_ranks(ddp::Store& store, const std::string& prefix, int rank, 
   for (int r = 0; r < size; ++r) {
     keys.push_back(prefix + "arrived/" + std::to_string(r));
   }
+  // Ranks other than 0 give up a little before rank 0 does: rank 0 usually
+  // serves the store, and once it has given up and exited the others can no
+  // longer ask it which ranks are missing.
+  const auto margin = rank == 0 ? std::chrono::milliseconds(0)
+                                : std::min<std::chrono::milliseconds>(timeout / 10, std::chrono::seconds(5));
   try {
-    store.wait(keys, timeout);
+    store.wait(keys, timeout - margin);
+  } catch (const IoError& e) {
+    if (rank == 0) {
+      throw;
+    }
+    throw IoError(c10::str(
+        who, " init_process_group: the store went away during rendezvous, before every rank had "
+        "arrived; rank 0 serves it, so rank 0 probably timed out waiting for a missing rank or "
+        "failed (its own error names which). The store said: ", e.what()));
   } catch (const TimeoutError&) {
     std::vector<int> missing;
     for (int r = 0; r < size; ++r) {
@@ -82,7 +98,7 @@ void wait_for_all_ranks(ddp::Store& store, const std::string& prefix, int rank, 
       }
     }
     throw TimeoutError(c10::str(
-        who, " init_process_group: rendezvous timed out after ", timeout.count(),
+        who, " init_process_group: rendezvous timed out after ", (timeout - margin).count(),
         " ms; rank(s) ", format_ranks(missing), " of ", size,
         " never arrived. Check that every rank was started with the same MASTER_ADDR, "
         "MASTER_PORT and WORLD_SIZE, and that none of them failed before joining."));
@@ -204,6 +220,89 @@ namespace ddp::internal {
 
 namespace {
 
+// How Gloo prints an address, "[ip]:port", in both ways that its versions
+// print the port: as the raw network-order field, and in host order.
+std::vector<std::string> gloo_address_forms(const sockaddr_storage& address) {
+  char ip[INET6_ADDRSTRLEN] = "none";
+  uint16_t raw_port = 0;
+  if (address.ss_family == AF_INET) {
+    const auto* in = reinterpret_cast<const sockaddr_in*>(&address);
+    ::inet_ntop(AF_INET, &in->sin_addr, ip, sizeof(ip));
+    raw_port = in->sin_port;
+  } else if (address.ss_family == AF_INET6) {
+    const auto* in6 = reinterpret_cast<const sockaddr_in6*>(&address);
+    ::inet_ntop(AF_INET6, &in6->sin6_addr, ip, sizeof(ip));
+    raw_port = in6->sin6_port;
+  } else {
+    return {};
+  }
+  std::vector<std::string> forms{c10::str("[", ip, "]:", raw_port)};
+  if (ntohs(raw_port) != raw_port) {
+    forms.push_back(c10::str("[", ip, "]:", ntohs(raw_port)));
+  }
+  return forms;
+}
+
+// One connected TCP socket of this process: its descriptor and its (local,
+// remote) addresses as Gloo prints them.
+struct ConnectedSocket {
+  int fd;
+  std::vector<std::string> local;
+  std::vector<std::string> remote;
+};
+
+std::vector<ConnectedSocket> connected_sockets() {
+  std::vector<ConnectedSocket> sockets;
+  DIR* fds = ::opendir("/proc/self/fd");
+  if (fds == nullptr) {
+    return sockets;
+  }
+  while (const dirent* entry = ::readdir(fds)) {
+    char* end = nullptr;
+    const long fd = std::strtol(entry->d_name, &end, 10);
+    if (end == entry->d_name || *end != '\0' || fd == ::dirfd(fds)) {
+      continue;
+    }
+    sockaddr_storage local{};
+    sockaddr_storage remote{};
+    socklen_t local_size = sizeof(local);
+    socklen_t remote_size = sizeof(remote);
+    if (::getsockname(static_cast<int>(fd), reinterpret_cast<sockaddr*>(&local), &local_size) == 0 &&
+        ::getpeername(static_cast<int>(fd), reinterpret_cast<sockaddr*>(&remote), &remote_size) == 0) {
+      sockets.push_back({static_cast<int>(fd), gloo_address_forms(local), gloo_address_forms(remote)});
+    }
+  }
+  ::closedir(fds);
+  return sockets;
+}
+
+// Reads the "<rank> <address>" lines that every other rank published under
+// `key_prefix`<rank>, and keeps the addresses listed for `rank`.
+std::vector<std::pair<std::string, int>> addresses_listed_for(ddp::Store& store, const std::string& key_prefix,
+                                                               int rank, int size,
+                                                               std::chrono::milliseconds timeout) {
+  std::vector<std::string> keys;
+  for (int r = 0; r < size; ++r) {
+    keys.push_back(key_prefix + std::to_string(r));
+  }
+  store.wait(keys, timeout);
+  std::vector<std::pair<std::string, int>> found;
+  for (int r = 0; r < size; ++r) {
+    if (r == rank) {
+      continue;
+    }
+    std::istringstream lines(store.get_string(keys[r]));
+    int to = -1;
+    std::string address;
+    while (lines >> to >> address) {
+      if (to == rank) {
+        found.emplace_back(address, r);
+      }
+    }
+  }
+  return found;
+}
+
 std::string object_holding(const void* address) {
   Dl_info info{};
   if (address == nullptr || ::dladdr(address, &info) == 0 || info.dli_fname == nullptr) {
@@ -213,6 +312,76 @@ std::string object_holding(const void* address) {
 }
 
 } // namespace
+
+std::vector<std::pair<std::string, int>> exchange_peer_addresses(
+    gloo::Context& context, ddp::Store& store, const std::string& prefix, int rank, int size,
+    std::chrono::milliseconds timeout) {
+  // Round 1: the address of this rank's end of each pair.
+  std::string pairs;
+  for (int r = 0; r < size; ++r) {
+    if (r != rank) {
+      pairs += c10::str(r, " ", context.getPair(r)->address().str(), "\n");
+    }
+  }
+  store.set(prefix + "pair_addresses/" + std::to_string(rank), pairs);
+  auto peers = addresses_listed_for(store, prefix + "pair_addresses/", rank, size, timeout);
+
+  // Round 2: the source address of each socket this rank opened towards
+  // another rank's end of a pair.
+  std::string sources;
+  const auto sockets = connected_sockets();
+  for (const auto& [address, r] : peers) {
+    for (const auto& socket : sockets) {
+      if (std::find(socket.remote.begin(), socket.remote.end(), address) != socket.remote.end()) {
+        for (const auto& form : socket.local) {
+          sources += c10::str(r, " ", form, "\n");
+        }
+      }
+    }
+  }
+  store.set(prefix + "source_addresses/" + std::to_string(rank), sources);
+  auto from = addresses_listed_for(store, prefix + "source_addresses/", rank, size, timeout);
+  peers.insert(peers.end(), from.begin(), from.end());
+
+  // And the address that each other rank's pair with this one had when Gloo
+  // exchanged them (some Gloo versions keep naming the peer by it): Gloo's
+  // connect stored, under the rank's number, the raw socket address of each
+  // of its pairs with the others in rank order. Read only when the sizes
+  // add up; a Gloo that stores something else is simply not used for names.
+  for (int r = 0; r < size; ++r) {
+    if (r == rank) {
+      continue;
+    }
+    const auto bytes = store.get(prefix + "gloo/" + std::to_string(r));
+    if (bytes.empty() || bytes.size() % static_cast<size_t>(size - 1) != 0) {
+      continue;
+    }
+    const size_t blob = bytes.size() / static_cast<size_t>(size - 1);
+    const size_t index = static_cast<size_t>(rank < r ? rank : rank - 1);
+    if (blob < sizeof(sockaddr_storage)) {
+      continue;
+    }
+    sockaddr_storage address{};
+    std::memcpy(&address, bytes.data() + index * blob, sizeof(address));
+    for (const auto& form : gloo_address_forms(address)) {
+      peers.emplace_back(form, r);
+    }
+  }
+  return peers;
+}
+
+int shut_down_connections(const std::vector<std::pair<std::string, int>>& peer_addresses) {
+  int count = 0;
+  for (const auto& socket : connected_sockets()) {
+    const bool ours = std::any_of(peer_addresses.begin(), peer_addresses.end(), [&](const auto& peer) {
+      return std::find(socket.remote.begin(), socket.remote.end(), peer.first) != socket.remote.end();
+    });
+    if (ours && ::shutdown(socket.fd, SHUT_RDWR) == 0) {
+      ++count;
+    }
+  }
+  return count;
+}
 
 GlooOrigin gloo_origin() {
   GlooOrigin origin;

@@ -10,7 +10,8 @@
 // order. The sequence number becomes the Gloo tag of the task's messages and
 // names the task in errors.
 //
-// Every task calls one Gloo algorithm with the deadline of the call. When one
+// Every task calls one Gloo algorithm (a sparse allreduce: three allgathers,
+// Note [Sparse allreduce]) with the deadline of the call. When one
 // fails (a timeout, a peer that closed its connection), the worker converts
 // Gloo's exception into our CommError family, fails that task, and marks the
 // group broken: queued and later tasks then fail at once with the first error,
@@ -33,6 +34,8 @@
 #include <atomic>
 #include <deque>
 #include <map>
+#include <optional>
+#include <sstream>
 #include <thread>
 
 #include <ddp/comm/error.h>
@@ -154,6 +157,104 @@ void set_input(Options& options, const at::Tensor& tensor) {
   as_words(tensor, [&options](auto* data, size_t count) { options.setInput(data, count); });
 }
 
+// Note [Sparse allreduce]
+// Gloo has no sparse collective, so a sparse allreduce is three allgathers
+// under the task's tag, one after the other, as PyTorch's Gloo backend does
+// it: a header per rank (dimensions, sparse dimensions, entries, elements
+// per entry); every rank's sizes and indices; every rank's values. Gloo's
+// allgather moves the same count from every rank, so each rank's indices and
+// values are padded to the largest count. Every rank then concatenates all
+// the entries in rank order and coalesces them: duplicate indices are
+// added, so every rank ends with the same coalesced sum, which replaces the
+// tensor's indices and values. Ranks whose tensors differ in dimensions or
+// sizes all see it from the header and the sizes, and all raise the same
+// c10::Error before the next allgather, so the group stays usable. CUDA
+// tensors are reduced through host memory.
+
+// Gathers each rank's `input` (1-D, contiguous, at most `max_count`
+// elements) padded to `max_count`: rank r's lands at r * max_count.
+at::Tensor allgather_padded(const std::shared_ptr<gloo::Context>& context, const at::Tensor& input,
+                            int64_t max_count, uint32_t tag, std::chrono::milliseconds timeout) {
+  auto gathered = at::zeros({context->size * max_count}, input.options());
+  if (max_count == 0) {
+    return gathered;
+  }
+  auto padded = at::zeros({max_count}, input.options());
+  padded.narrow(0, 0, input.numel()).copy_(input);
+  gloo::AllgatherOptions o(context);
+  set_input(o, padded);
+  set_output(o, gathered);
+  o.setTag(tag);
+  o.setTimeout(timeout);
+  gloo::allgather(o);
+  return gathered;
+}
+
+// See Note [Sparse allreduce]. Runs on a worker thread; `who` is
+// "[rank R/W] allreduce #N".
+void sparse_allreduce(const std::shared_ptr<gloo::Context>& context, const at::Tensor& tensor,
+                      const std::string& who, uint32_t tag, std::chrono::milliseconds timeout) {
+  const int size = context->size;
+  const auto local = tensor.to(at::kCPU).coalesce();
+  const int64_t dim = local.dim();
+  const int64_t sparse_dim = local.sparse_dim();
+  const int64_t nnz = local._nnz();
+  const auto sizes = local.sizes().vec();
+  const std::vector<int64_t> dense_sizes(sizes.begin() + sparse_dim, sizes.end());
+  int64_t per_entry = 1;
+  for (int64_t s : dense_sizes) {
+    per_entry *= s;
+  }
+  const auto longs = at::TensorOptions(at::kLong);
+
+  const auto header =
+      allgather_padded(context, at::tensor(std::vector<int64_t>{dim, sparse_dim, nnz, per_entry}, longs),
+                       4, tag, timeout);
+  const auto* h = header.data_ptr<int64_t>();
+  int64_t max_nnz = 0;
+  int64_t total_nnz = 0;
+  // Each rank against rank 0's, so that every rank raises the same error.
+  for (int r = 0; r < size; ++r) {
+    DDP_CHECK(h[4 * r] == h[0] && h[4 * r + 1] == h[1], who,
+              ": the sparse tensors differ across ranks: rank ", r, "'s has ", h[4 * r],
+              " dimensions of which ", h[4 * r + 1], " sparse, but rank 0's ", h[0], " of which ",
+              h[1], "; every rank must pass a tensor of the same sizes");
+    max_nnz = std::max(max_nnz, h[4 * r + 2]);
+    total_nnz += h[4 * r + 2];
+  }
+
+  // Sizes, then indices (sparse_dim rows of nnz), per rank.
+  const auto mine = at::cat({at::tensor(sizes, longs), local._indices().reshape({-1})});
+  const int64_t index_slot = dim + sparse_dim * max_nnz;
+  const auto indices = allgather_padded(context, mine, index_slot, tag, timeout);
+  const c10::IntArrayRef rank0_sizes(indices.data_ptr<int64_t>(), static_cast<size_t>(dim));
+  for (int r = 0; r < size; ++r) {
+    const c10::IntArrayRef theirs(indices.data_ptr<int64_t>() + r * index_slot, static_cast<size_t>(dim));
+    DDP_CHECK(theirs == rank0_sizes, who, ": the sparse tensors differ across ranks: rank ", r,
+              "'s has sizes ", theirs, ", but rank 0's ", rank0_sizes,
+              "; every rank must pass a tensor of the same sizes");
+  }
+  const int64_t value_slot = per_entry * max_nnz;
+  const auto values =
+      allgather_padded(context, local._values().contiguous().reshape({-1}), value_slot, tag, timeout);
+
+  std::vector<at::Tensor> all_indices;
+  std::vector<at::Tensor> all_values;
+  auto value_shape = dense_sizes;
+  for (int r = 0; r < size; ++r) {
+    const int64_t n = h[4 * r + 2];
+    all_indices.push_back(indices.narrow(0, r * index_slot + dim, sparse_dim * n).view({sparse_dim, n}));
+    value_shape.insert(value_shape.begin(), n);
+    all_values.push_back(values.narrow(0, r * value_slot, per_entry * n).view(value_shape));
+    value_shape.erase(value_shape.begin());
+  }
+  DDP_INTERNAL_ASSERT(static_cast<int64_t>(at::cat(all_indices, 1).size(1)) == total_nnz);
+  const auto sum = at::sparse_coo_tensor(at::cat(all_indices, 1), at::cat(all_values, 0), sizes,
+                                         local.options())
+                       .coalesce();
+  tensor.copy_(sum);
+}
+
 } // namespace
 
 // Everything that touches Gloo. See the narrative at the top of the file.
@@ -209,7 +310,13 @@ class DDP_GLOO_HIDDEN ProcessGroupGloo::Impl {
     auto work = Work::create(c10::str(who(), " ", op_name, " #", seq), timeout);
     Task task{work, timeout, std::move(run), seq, StreamFence::record(keep), {}, false};
     for (const auto& t : keep) {
-      if (t.defined() && t.has_storage()) {
+      if (t.defined() && t.is_sparse()) {
+        // A sparse tensor has no storage of its own, and a sparse allreduce
+        // replaces its indices and values: the tensor itself is the unit.
+        task.storages.push_back(t.unsafeGetTensorImpl());
+        task.storages.push_back(t._indices().storage().unsafeGetStorageImpl());
+        task.storages.push_back(t._values().storage().unsafeGetStorageImpl());
+      } else if (t.defined() && t.has_storage()) {
         task.storages.push_back(t.storage().unsafeGetStorageImpl());
       }
     }
@@ -249,6 +356,13 @@ class DDP_GLOO_HIDDEN ProcessGroupGloo::Impl {
 
   std::shared_ptr<gloo::Context> context() const {
     return context_;
+  }
+
+  // Until the queue is empty and no task runs. Each task ends by its
+  // deadline, so this does too.
+  void wait_until_idle() {
+    std::unique_lock<std::mutex> lock(mutex_);
+    queue_cv_.wait(lock, [this] { return queue_.empty() && running_ == 0; });
   }
 
   // Posts a send or receive at once; see PointToPointWork.
@@ -298,12 +412,26 @@ class DDP_GLOO_HIDDEN ProcessGroupGloo::Impl {
     // Nobody leaves rendezvous before everyone is connected: a rank that
     // destroyed its group at once would otherwise close connections a slower
     // peer is still setting up (PyTorch's store-based barrier does the same).
-    store_->set(c10::str(prefix, "connected/", group_.rank()), "1");
-    std::vector<std::string> connected;
-    for (int r = 0; r < group_.size(); ++r) {
-      connected.push_back(c10::str(prefix, "connected/", r));
+    peer_addresses_ = internal::exchange_peer_addresses(*context_, *store_, prefix, group_.rank(),
+                                                        group_.size(), timeout);
+  }
+
+  // The rank whose address `what` (a Gloo error message) names, or -1. With
+  // two ranks it can only be the other one.
+  int peer_of(const std::string& what) const {
+    if (group_.size() == 2) {
+      return 1 - group_.rank();
     }
-    store_->wait(connected, timeout);
+    // The longest match: "[10.0.0.1]:4000" is also in "[10.0.0.1]:40001".
+    int peer = -1;
+    size_t longest = 0;
+    for (const auto& [address, rank] : peer_addresses_) {
+      if (address.size() > longest && what.find(address) != std::string::npos) {
+        peer = rank;
+        longest = address.size();
+      }
+    }
+    return peer;
   }
 
   void run_worker() {
@@ -401,9 +529,8 @@ class DDP_GLOO_HIDDEN ProcessGroupGloo::Impl {
           " ms waiting for a peer (a rank may be stuck, dead, or issuing collectives in a "
           "different order). Gloo said: ", what)));
     } else {
-      // With two ranks the failed peer can only be the other one; with more,
-      // Gloo names only a socket address.
-      const int peer = group_.size() == 2 ? 1 - group_.rank() : -1;
+      // Gloo names the peer by its socket address.
+      const int peer = peer_of(what);
       error = std::make_exception_ptr(RemoteError(
           c10::str(task.work->name(), ": lost connection to ",
                    peer >= 0 ? c10::str("rank ", peer) : std::string("a peer"),
@@ -429,6 +556,9 @@ class DDP_GLOO_HIDDEN ProcessGroupGloo::Impl {
   ProcessGroupGloo& group_; // owns this Impl, so outlives it
   std::shared_ptr<Store> store_;
   std::shared_ptr<gloo::Context> context_;
+  // The address of the other end of each pair, and its rank; written by
+  // connect, read-only after.
+  std::vector<std::pair<std::string, int>> peer_addresses_;
 
   std::mutex mutex_;
   std::condition_variable queue_cv_;
@@ -497,7 +627,7 @@ class PointToPointWork : public Work {
           set_result({tensor_});
         } catch (const gloo::IoException& e) {
           const std::string what = e.what();
-          if (what.find("imed out") != std::string::npos) {
+          if (what.find("imed out") != std::string::npos || what.find("timeout") != std::string::npos) {
             set_error(std::make_exception_ptr(TimeoutError(
                 c10::str(name(), ": timed out after ", timeout.count(), " ms. Gloo said: ", what))));
           } else {
@@ -534,31 +664,50 @@ ProcessGroupGloo::ProcessGroupGloo(PrivateTag, std::shared_ptr<Store> store, int
                                    const ProcessGroupGlooOptions& options)
     : ProcessGroup(rank, size, options.timeout()) {
   DDP_CHECK(store != nullptr, rank_prefix(), " ProcessGroupGloo: the store is null");
+  set_supports_sparse_allreduce(true); // Note [Sparse allreduce]
   impl_ = std::make_unique<Impl>(*this, std::move(store), options);
 }
 
 ProcessGroupGloo::~ProcessGroupGloo() = default;
 
+void ProcessGroupGloo::wait_for_pending_work() {
+  impl_->wait_until_idle();
+}
+
 // ---- Argument checks -----------------------------------------------------------
 
 namespace {
+
+void check_device_and_dtype(const at::Tensor& t, const std::string& who, const std::string& what) {
+  DDP_CHECK(t.is_cpu() || t.is_cuda(), who, ": ", what, " is on device ", t.device(),
+            "; the Gloo backend takes CPU or CUDA tensors");
+  DDP_CHECK(internal::is_supported_dtype(t.scalar_type()), who, ": ", what, " has dtype ",
+            t.scalar_type(), ", which the Gloo backend does not support");
+}
 
 // Checks one tensor argument; `who` is "[rank R/W] op", `what` names the
 // argument ("tensor", "outputs[2]").
 void check_tensor(const at::Tensor& t, const std::string& who, const std::string& what) {
   DDP_CHECK(t.defined(), who, ": ", what, " is an undefined tensor");
+  internal::check_strided(t, who, what,
+                          "the Gloo backend reduces sparse tensors only in allreduce, one tensor "
+                          "per call");
   DDP_CHECK(t.is_contiguous(), who, ": ", what, " must be contiguous (got sizes ", t.sizes(),
             " with strides ", t.strides(), "); pass tensor.contiguous() and copy the result back");
-  DDP_CHECK(t.is_cpu() || t.is_cuda(), who, ": ", what, " is on device ", t.device(),
-            "; the Gloo backend takes CPU or CUDA tensors");
-  DDP_CHECK(internal::is_supported_dtype(t.scalar_type()), who, ": ", what, " has dtype ",
-            t.scalar_type(), ", which the Gloo backend does not support");
-  DDP_CHECK(!t.is_sparse(), who, ": ", what, " is sparse; only dense tensors are supported");
+  check_device_and_dtype(t, who, what);
+}
+
+// The sparse COO tensor of an allreduce (see Note [Sparse allreduce]).
+void check_sparse_tensor(const at::Tensor& t, const std::string& who, const std::string& what) {
+  DDP_CHECK(t.defined(), who, ": ", what, " is an undefined tensor");
+  DDP_INTERNAL_ASSERT(t.is_sparse());
+  check_device_and_dtype(t, who, what);
 }
 
 // Gloo's rules for the checks of collective_checks.h: CPU or CUDA tensors,
-// which may differ in device within an operation (CUDA ones are staged).
-constexpr internal::TensorRules kGlooRules{&check_tensor};
+// which may differ in device within an operation (CUDA ones are staged);
+// sparse COO tensors in allreduce.
+constexpr internal::TensorRules kGlooRules{&check_tensor, nullptr, &check_sparse_tensor};
 
 internal::ReduceKernel checked_kernel(at::ScalarType dtype, ReduceOp op, const std::string& who) {
   auto kernel = internal::reduce_kernel(dtype, op);
@@ -580,6 +729,17 @@ std::shared_ptr<Work> ProcessGroupGloo::allreduce(const at::Tensor& tensor,
 std::shared_ptr<Work> ProcessGroupGloo::allreduce_coalesced(
     const std::vector<at::Tensor>& tensors, const AllreduceOptions& options) {
   const std::string who = rank_prefix() + " allreduce";
+  if (tensors.size() == 1 && tensors[0].defined() && tensors[0].is_sparse()) {
+    internal::check_sparse_allreduce(tensors[0], options.op, who, kGlooRules);
+    const at::Tensor tensor = tensors[0];
+    auto context = impl_->context();
+    return impl_->enqueue(
+        "allreduce", resolve_timeout(options.timeout), tensors,
+        [tensor, who, context](uint32_t tag, std::chrono::milliseconds timeout) {
+          sparse_allreduce(context, tensor, c10::str(who, " #", tag), tag, timeout);
+          return std::vector<at::Tensor>{tensor};
+        });
+  }
   internal::check_coalesced(tensors, who, kGlooRules);
   auto kernel = checked_kernel(tensors[0].scalar_type(), options.op, who);
   const ReduceOp op = options.op;
@@ -891,10 +1051,17 @@ std::shared_ptr<Work> ProcessGroupGloo::Impl::start_point_to_point(bool is_send,
   }
   auto buffer = context_->createUnboundBuffer(host.data_ptr(), host.nbytes());
   const uint64_t slot = gloo::Slot::build(kPointToPointSlotPrefix, static_cast<uint32_t>(options.tag));
-  if (is_send) {
-    buffer->send(peer, slot);
-  } else {
-    buffer->recv(peer, slot);
+  try {
+    if (is_send) {
+      buffer->send(peer, slot);
+    } else {
+      buffer->recv(peer, slot);
+    }
+  } catch (const std::exception& e) {
+    // Gloo refuses to post on a connection it has closed (after an earlier
+    // failure or timeout of this group).
+    throw CommError(c10::str(who, ": cannot start: the connection to rank ", peer,
+                             " is closed after an earlier failure. Gloo said: ", e.what()));
   }
   return std::make_shared<PointToPointWork>(who, timeout, is_send, tensor, host, std::move(buffer));
 }

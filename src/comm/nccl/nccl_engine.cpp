@@ -12,6 +12,7 @@
 #include <cstring>
 #include <map>
 #include <utility>
+#include <thread>
 
 #include <ddp/comm/error.h>
 
@@ -185,6 +186,19 @@ NcclEngine::NcclEngine(std::shared_ptr<Store> store, int rank, int size, NcclEng
     device_ = options_.device_index;
   }
   watchdog_ = std::thread([this] { run_watchdog(); });
+}
+
+void NcclEngine::wait_for_pending() {
+  // The watchdog polls the pending Works' events; poll its queue likewise.
+  for (;;) {
+    {
+      std::lock_guard<std::mutex> lock(pending_mutex_);
+      if (pending_.empty()) {
+        return;
+      }
+    }
+    std::this_thread::sleep_for(std::chrono::milliseconds(1));
+  }
 }
 
 NcclEngine::~NcclEngine() {

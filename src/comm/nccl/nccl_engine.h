@@ -201,6 +201,10 @@ class NcclEngine {
   // The bound device, or -1.
   int device() const;
 
+  // Until the watchdog has completed or failed every pending Work (each by
+  // its deadline).
+  void wait_for_pending();
+
   // Queues `op` and returns its Work. Throws c10::Error for misuse found
   // here (a tensor on another device); communication failures come back as
   // a failed Work.

@@ -1,7 +1,6 @@
 #include "comm/nccl/nccl_support.h"
 
 #include <c10/core/ScalarType.h>
-#include <torch/version.h>
 
 #include <algorithm>
 #include <optional>
@@ -10,12 +9,7 @@
 #include <ddp/comm/error.h>
 
 #include "internal/check.h"
-
-// Dtypes that appeared after LibTorch 1.13: Float8 in 2.1, the unsigned
-// 32/64-bit integers in 2.3. NCCL has Float8 types since 2.24.
-#define DDP_TORCH_AT_LEAST(major, minor) \
-  (TORCH_VERSION_MAJOR > (major) ||      \
-   (TORCH_VERSION_MAJOR == (major) && TORCH_VERSION_MINOR >= (minor)))
+#include "internal/torch_compat.h"
 
 namespace ddp::internal {
 
@@ -78,13 +72,14 @@ std::optional<ncclDataType_t> element_type(at::ScalarType dtype) {
       return ncclFloat64;
     case at::kBFloat16:
       return ncclBfloat16;
-#if DDP_TORCH_AT_LEAST(2, 1) && NCCL_VERSION_CODE >= NCCL_VERSION(2, 24, 0)
+// NCCL has Float8 types since 2.24.
+#if DDP_TORCH_HAS_FLOAT8 && NCCL_VERSION_CODE >= NCCL_VERSION(2, 24, 0)
     case at::ScalarType::Float8_e4m3fn:
       return ncclFloat8e4m3;
     case at::ScalarType::Float8_e5m2:
       return ncclFloat8e5m2;
 #endif
-#if DDP_TORCH_AT_LEAST(2, 3)
+#if DDP_TORCH_HAS_UINT32_UINT64
     case at::ScalarType::UInt32:
       return ncclUint32;
     case at::ScalarType::UInt64:

@@ -86,6 +86,10 @@ ProcessGroupNCCL::ProcessGroupNCCL(PrivateTag, std::shared_ptr<Store> store, int
 
 ProcessGroupNCCL::~ProcessGroupNCCL() = default;
 
+void ProcessGroupNCCL::wait_for_pending_work() {
+  impl_->engine.wait_for_pending();
+}
+
 int ProcessGroupNCCL::device_index() const {
   return impl_->engine.device();
 }

@@ -1,7 +1,8 @@
 # tests: comm/gloo
-# ProcessGroup over Gloo: collective sweeps on threads, failures in processes.
+# ProcessGroup over Gloo: the collective sweep (comm/collective_sweep.h) on
+# threads, failures in processes.
 ddp_add_gtest(process_group_gloo_test SOURCES comm/gloo/process_group_gloo_test.cpp
-  LIBS ddp_testing TIMEOUT 300)
+  LIBS ddp_testing ddp_collective_sweep TIMEOUT 300)
 ddp_add_gtest(process_group_failure_test SOURCES comm/gloo/process_group_failure_test.cpp
   LIBS ddp_testing TIMEOUT 120)
 # Which Gloo runs: the private copy inside libddp.so when LibTorch carries its
@@ -14,3 +15,14 @@ if(DDP_GLOO_KIND STREQUAL "PRIVATE")
     COMMAND sh -c "${CMAKE_NM} -DC $<TARGET_FILE:ddp> | grep 'gloo::' && { echo 'libddp.so exports or imports the Gloo symbols above'; exit 1; } || echo 'no Gloo symbol in the dynamic symbol table of libddp.so'")
   set_tests_properties(gloo_symbols_hidden PROPERTIES TIMEOUT 30)
 endif()
+# What a failing or ending group says and does: peers named by rank, the
+# missing rank named at rendezvous, destroy letting queued work finish.
+ddp_add_gtest(gloo_reliability_test SOURCES comm/gloo/gloo_reliability_test.cpp
+  LIBS ddp_testing TIMEOUT 150)
+# destroy_process_group() then init_process_group() 20 times in a row on one
+# MASTER_PORT, 2 and 3 processes, a collective checked after each init.
+ddp_add_gtest(gloo_reinit_test SOURCES comm/gloo/gloo_reinit_test.cpp
+  LIBS ddp_testing TIMEOUT 240)
+# Allreduce of sparse COO tensors, ranks as threads; which groups support it.
+ddp_add_gtest(sparse_allreduce_test SOURCES comm/gloo/sparse_allreduce_test.cpp
+  LIBS ddp_testing TIMEOUT 120)

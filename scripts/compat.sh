@@ -1,0 +1,166 @@
+#!/usr/bin/env bash
+# Builds and tests ddp against LibTorch 2.11 from PyPI, beside the Debian
+# LibTorch 1.13 build of scripts/test.sh: the exact LibTorch that the GPU
+# machines run (torch 2.11.0+cu130, with CUDA and NCCL).
+#
+# Usage: bash scripts/compat.sh [cpu|cuda|all]     (default: all)
+#
+#   cpu    configure with the wheel's LibTorch and -DDDP_WITH_NCCL=OFF, build
+#          everything, run the whole CTest suite. The PyTorch parity tests,
+#          torchrun's test and the benchmarks' PyTorch side use the wheel's
+#          PyTorch 2.11, so the reference is current PyTorch.
+#   cuda   the same with -DDDP_WITH_NCCL=ON: libddp.so with ProcessGroupNCCL,
+#          the GPU tests and the CUDA benchmark must compile and link; the
+#          suite then runs on the CPU and the GPU tests skip, saying why.
+#
+# What it needs and keeps (outside the clone, so a second run reuses it):
+#   $DDP_CACHE_DIR (default ~/.cache/ddp)
+#     torch-<version>/   a virtual environment with torch==$DDP_TORCH_VERSION
+#                        (default 2.11.0) and its nvidia-* wheels, ~4.7 GB
+#     gloo-src/          a Gloo source tree for ddp's private Gloo
+#                        (cmake/gloo.cmake), taken from the horovod 0.28.1
+#                        source package on PyPI (its third_party/gloo),
+#                        checked against a pinned SHA-256
+#   the CUDA toolkit of the wheel's major version (13) in /usr/local/cuda, for
+#   LibTorch's CMake package; python3 with venv; what scripts/setup.sh
+#   installs (CMake, Ninja, g++, GoogleTest).
+# Build trees: build-compat-cpu/ and build-compat-cuda/ in the clone
+# (build-compat-<version>-<config>/ for another DDP_TORCH_VERSION).
+#
+# Time, measured on the 2-core CI machine (see the table in README.md,
+# "Supported versions"): a cold run (downloads included) about NN minutes, a
+# warm one (cache present) about NN minutes.
+#
+# Prints what it does, then one count line per configuration
+# ("compat cpu: 100% tests passed, 0 tests failed out of 45"); exits non-zero
+# when a download, a build or a test fails.
+set -uo pipefail
+
+cd "$(dirname "${BASH_SOURCE[0]}")/.." || exit 1
+readonly root=$PWD
+readonly version=${DDP_TORCH_VERSION:-2.11.0}
+readonly cache=${DDP_CACHE_DIR:-$HOME/.cache/ddp}
+readonly venv=$cache/torch-$version
+readonly gloo_src=$cache/gloo-src
+readonly gloo_sdist=horovod==0.28.1
+readonly gloo_sdist_sha256=92a43f5a94c43907a56805bad15f19700c62ffc83b7ca483f9e104e229f67ef0
+readonly jobs=${DDP_JOBS:-$(nproc)}
+readonly test_jobs=${DDP_TEST_JOBS:-2}
+
+say() {
+  echo "compat.sh: $*"
+}
+
+die() {
+  echo "compat.sh: ERROR: $*" >&2
+  exit 1
+}
+
+# Seconds since `started`, for the timing lines.
+elapsed() {
+  echo $(($(date +%s) - $1))
+}
+
+case ${1:-all} in
+  cpu) configs=(cpu) ;;
+  cuda) configs=(cuda) ;;
+  all) configs=(cpu cuda) ;;
+  *) die "unknown configuration '$1' (expected cpu, cuda or all)" ;;
+esac
+
+# ---- 1. The virtual environment with torch -----------------------------------------
+started=$(date +%s)
+if [[ -x $venv/bin/python ]] && "$venv/bin/python" -c "import torch, sys; sys.exit(torch.__version__.split('+')[0] != '$version')" 2>/dev/null; then
+  say "torch $version: reusing $venv"
+else
+  say "torch $version: creating $venv (pip install torch==$version from PyPI, about 3 GB)"
+  mkdir -p "$cache" || die "cannot create $cache"
+  rm -rf "$venv"
+  python=$(command -v python3) || die "python3 not found"
+  "$python" -m venv "$venv" || die "python3 -m venv failed (on Debian: apt-get install python3-venv)"
+  "$venv/bin/pip" install --quiet --upgrade pip || die "pip upgrade failed"
+  "$venv/bin/pip" install --quiet "torch==$version" numpy ||
+    die "pip install torch==$version failed (is PyPI reachable?)"
+fi
+site=$("$venv/bin/python" -c 'import torch, os; print(os.path.dirname(os.path.dirname(torch.__file__)))') ||
+  die "cannot import torch from $venv"
+say "torch $("$venv/bin/python" -c 'import torch; print(torch.__version__, "CUDA", torch.version.cuda)') in $site ($(elapsed "$started") s)"
+
+# ---- 2. A Gloo source tree ------------------------------------------------------------
+started=$(date +%s)
+if [[ -f $gloo_src/gloo/allreduce.cc ]]; then
+  say "Gloo source: reusing $gloo_src"
+else
+  say "Gloo source: fetching $gloo_sdist's source package from PyPI for its third_party/gloo"
+  download=$(mktemp -d) || die "mktemp failed"
+  "$venv/bin/pip" download --quiet --no-deps --no-binary :all: "$gloo_sdist" -d "$download" ||
+    die "pip download $gloo_sdist failed"
+  archive=$(ls "$download"/*.tar.gz)
+  echo "$gloo_sdist_sha256  $archive" | sha256sum --check --status ||
+    die "$archive does not have the pinned SHA-256 $gloo_sdist_sha256"
+  tar -xzf "$archive" -C "$download" || die "cannot unpack $archive"
+  rm -rf "$gloo_src" && mkdir -p "$gloo_src" &&
+    cp -r "$download"/horovod-*/third_party/gloo/. "$gloo_src"/ || die "cannot copy Gloo to $gloo_src"
+  rm -rf "$download"
+fi
+say "Gloo source in $gloo_src ($(elapsed "$started") s)"
+
+# ---- 3. Each configuration ------------------------------------------------------------
+cuda_args=()
+if [[ -x /usr/local/cuda/bin/nvcc ]]; then
+  cuda_args=(-DCMAKE_CUDA_COMPILER=/usr/local/cuda/bin/nvcc -DCUDAToolkit_ROOT=/usr/local/cuda)
+fi
+
+declare -A summary
+failed=0
+for config in "${configs[@]}"; do
+  build=$root/build-compat-$config
+  [[ $version == 2.11.0 ]] || build=$root/build-compat-$version-$config
+  nccl=OFF
+  [[ $config == cuda ]] && nccl=ON
+  started=$(date +%s)
+  say "[$config] configuring $build (LibTorch $version, DDP_WITH_NCCL=$nccl)"
+  # The wheel's torch/ first in the prefix path: its lib/ must win over a
+  # Debian LibTorch in /usr/lib. TORCH_CUDA_ARCH_LIST only quiets LibTorch's
+  # GPU detection: ddp compiles no CUDA kernels.
+  if ! cmake -S "$root" -B "$build" -G Ninja -DCMAKE_BUILD_TYPE=Release \
+      "-DCMAKE_PREFIX_PATH=$site/torch;$site/torch/share/cmake" \
+      -DDDP_WITH_NCCL=$nccl -DNCCL_ROOT="$site/nvidia/nccl" \
+      -DDDP_GLOO_SOURCE_DIR="$gloo_src" -DTORCH_CUDA_ARCH_LIST=9.0 \
+      -DDDP_TEST_PYTHON="$venv/bin/python" \
+      -DDDP_BUILD_TESTS=ON -DDDP_BUILD_EXAMPLES=ON -DDDP_BUILD_BENCHMARKS=ON \
+      "${cuda_args[@]}" > "$build.configure.log" 2>&1; then
+    cat "$build.configure.log"
+    summary[$config]="configure FAILED"
+    failed=1
+    continue
+  fi
+  grep -E '^-- ddp:' "$build.configure.log"
+  say "[$config] building with $jobs jobs"
+  if ! ninja -C "$build" -j"$jobs"; then
+    summary[$config]="build FAILED"
+    failed=1
+    continue
+  fi
+  say "[$config] built in $(elapsed "$started") s"
+  if [[ $config == cuda ]]; then
+    # The proof that the NCCL backend links: libddp.so needs libnccl.
+    readelf -d "$build/libddp.so" | grep -q 'libnccl' ||
+      { say "[$config] libddp.so does not link libnccl"; summary[$config]="link check FAILED"; failed=1; continue; }
+    say "[$config] libddp.so links $(readelf -d "$build/libddp.so" | grep -o 'lib\(nccl\|cudart\|c10_cuda\)[^]]*' | tr '\n' ' ')"
+  fi
+  started=$(date +%s)
+  log=$build.ctest.log
+  ctest --test-dir "$build" --output-on-failure --no-tests=error -j"$test_jobs" 2>&1 | tee "$log"
+  rc=${PIPESTATUS[0]}
+  count=$(grep -E '^[0-9]+% tests passed, [0-9]+ tests? failed out of [0-9]+' "$log" | tail -n 1)
+  summary[$config]=${count:-"ctest printed no summary (exit code $rc)"}
+  say "[$config] tests ran in $(elapsed "$started") s"
+  [[ $rc -eq 0 ]] || failed=1
+done
+
+echo
+for config in "${configs[@]}"; do
+  echo "compat $config (LibTorch $version): ${summary[$config]}"
+done
+exit "$failed"

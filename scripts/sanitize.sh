@@ -1,0 +1,64 @@
+#!/usr/bin/env bash
+# Builds ddp with sanitizers and runs the tests under them, against Debian's
+# LibTorch 1.13 (the README's configuration; run scripts/setup.sh first, or
+# let this script run it).
+#
+# Usage: bash scripts/sanitize.sh [address|thread|all]     (default: all)
+#
+#   address  ASan + UBSan (-fsanitize=address,undefined, no recovery):
+#            build-asan/, the whole CTest suite but the install test's
+#            consumer build, which runs too (it links the installed,
+#            instrumented libddp with the same flags through ddp::ddp).
+#   thread   TSan: build-tsan/, a subset: the store, process-group, DDP and
+#            launcher tests named in TSAN_TESTS below. LibTorch, Gloo and
+#            OpenMP are not instrumented, so synchronisation done inside them
+#            is invisible to TSan; the subset is the code whose threads are
+#            ours (stores, the Gloo worker queue, ddprun, the reducer's hooks).
+#
+# Exits non-zero when a build fails or a sanitizer reports (a report fails
+# its test: ASan/UBSan abort, TSan exits with 66). Prints one count line per
+# configuration last.
+set -uo pipefail
+cd "$(dirname "${BASH_SOURCE[0]}")/.." || exit 1
+
+readonly TSAN_TESTS='^(store_test|tcp_store_test|file_store_test|process_group_gloo_test|process_group_composite_test|init_test|ddprun_options_test|ddprun_test|distributed_data_parallel_test|ddp_parity_2_ranks|toy_model_2_ranks)$'
+
+case ${1:-all} in
+  address) kinds=(address) ;;
+  thread) kinds=(thread) ;;
+  all) kinds=(address thread) ;;
+  *) echo "sanitize.sh: unknown kind '$1' (expected address, thread or all)" >&2; exit 2 ;;
+esac
+
+declare -A summary
+failed=0
+for kind in "${kinds[@]}"; do
+  build=build-asan
+  filter=()
+  [[ $kind == thread ]] && { build=build-tsan; filter=(-R "$TSAN_TESTS"); }
+  echo "sanitize.sh: [$kind] building $build"
+  # Optimised with debug information: readable reports, tests fast enough.
+  if ! DDP_BUILD_DIR=$build DDP_CMAKE_ARGS="-DDDP_SANITIZE=$kind -DCMAKE_BUILD_TYPE=RelWithDebInfo" \
+      bash scripts/setup.sh "$build"; then
+    summary[$kind]="build FAILED"
+    failed=1
+    continue
+  fi
+  log=$(mktemp)
+  # Leaks in LibTorch's and Gloo's one-time allocations are not ours: leak
+  # detection stays off; every other ASan report aborts the test.
+  ASAN_OPTIONS=detect_leaks=0:abort_on_error=1 UBSAN_OPTIONS=print_stacktrace=1:halt_on_error=1 \
+    TSAN_OPTIONS=halt_on_error=1:second_deadlock_stack=1 \
+    ctest --test-dir "$build" --output-on-failure -j"${DDP_TEST_JOBS:-2}" "${filter[@]}" 2>&1 | tee "$log"
+  rc=${PIPESTATUS[0]}
+  count=$(grep -E '^[0-9]+% tests passed, [0-9]+ tests? failed out of [0-9]+' "$log" | tail -n 1)
+  rm -f "$log"
+  summary[$kind]=${count:-"ctest printed no summary (exit code $rc)"}
+  [[ $rc -eq 0 ]] || failed=1
+done
+
+echo
+for kind in "${kinds[@]}"; do
+  echo "sanitize $kind: ${summary[$kind]}"
+done
+exit "$failed"

@@ -1,0 +1,394 @@
+#include "comm/mpi/mpi_engine.h"
+
+#include <ATen/ATen.h>
+
+#include <algorithm>
+#include <exception>
+#include <utility>
+
+#include <ddp/comm/error.h>
+
+#include "comm/mpi/mpi_types.h"
+#include "internal/check.h"
+
+namespace ddp::internal::mpi {
+
+namespace {
+
+using Clock = std::chrono::steady_clock;
+
+// poll_request spins this long before it starts to sleep: long enough for a
+// peer that arrives at about the same time, short enough not to matter to a
+// CPU that a late peer needs.
+constexpr auto kSpin = std::chrono::microseconds(50);
+constexpr auto kFirstSleep = std::chrono::microseconds(20);
+constexpr auto kMaxSleep = std::chrono::microseconds(1000);
+
+// How long past an operation's deadline a plain wait() waits for the
+// watchdog's verdict.
+constexpr auto kWaitMargin = std::chrono::milliseconds(1000);
+
+// Shutdown looks at the worker this often while it waits for it.
+constexpr auto kShutdownPoll = std::chrono::milliseconds(10);
+
+std::string not_run_message(const std::string& name, const std::string& broken) {
+  return c10::str(name, ": not run, because the process group failed earlier and is unusable: ",
+                  broken,
+                  ". Destroy the group (with MPI this ends the job: a collective is stuck inside "
+                  "MPI; see docs/errors.md).");
+}
+
+// send/recv: the request posted at issue, completed by `wait`.
+//
+// Thread-safety: as Work; `wait` may be called from several threads, one of
+// which polls the request while the others wait for the Work.
+class MpiPointToPointWork : public Work {
+ public:
+  MpiPointToPointWork(std::string name, std::chrono::milliseconds default_timeout, bool is_send,
+                      at::Tensor tensor, at::Tensor host, MPI_Request request)
+      : Work(std::move(name), default_timeout),
+        default_timeout_(default_timeout),
+        is_send_(is_send),
+        tensor_(std::move(tensor)),
+        host_(std::move(host)),
+        request_(request) {}
+
+  ~MpiPointToPointWork() override {
+    std::lock_guard<std::mutex> lock(transfer_mutex_);
+    if (request_ != MPI_REQUEST_NULL && !mpi_finalized()) {
+      // Nobody waited, or the wait timed out. A receive that has not matched
+      // yet can be cancelled; MPI cannot take back a send. Either way the
+      // buffers stay alive until MPI is done with them.
+      if (!is_send_) {
+        MPI_Cancel(&request_);
+      }
+      adopt_request(request_, {tensor_, host_});
+    }
+  }
+
+  void wait(std::chrono::milliseconds timeout) override {
+    if (timeout == kUseGroupTimeout) {
+      timeout = default_timeout_;
+    }
+    {
+      std::lock_guard<std::mutex> lock(transfer_mutex_);
+      if (!is_completed()) {
+        try {
+          if (mpi_finalized()) {
+            throw CommError(c10::str(name(), ": MPI was finalised before the transfer completed"));
+          }
+          if (poll_request(&request_, Clock::now() + timeout, name())) {
+            if (!is_send_ && host_.data_ptr() != tensor_.data_ptr()) {
+              tensor_.copy_(host_);
+            }
+            set_result({tensor_});
+          } else {
+            throw TimeoutError(c10::str(
+                name(), " timed out after ", timeout.count(), " ms: the peer has not ",
+                is_send_ ? "received it" : "sent it",
+                " (it may be slow, stuck or dead, or use another tag)"));
+          }
+        } catch (...) {
+          set_error(std::current_exception());
+        }
+      }
+    }
+    Work::wait(timeout);
+  }
+
+ private:
+  const std::chrono::milliseconds default_timeout_;
+  const bool is_send_;
+  at::Tensor tensor_;
+  at::Tensor host_; // tensor_ itself for a CPU tensor
+  std::mutex transfer_mutex_;
+  MPI_Request request_; // guarded by transfer_mutex_; MPI_REQUEST_NULL once complete
+};
+
+} // namespace
+
+bool poll_request(MPI_Request* request, Clock::time_point deadline, const std::string& what) {
+  const auto start = Clock::now();
+  auto sleep = std::chrono::duration_cast<Clock::duration>(kFirstSleep);
+  for (;;) {
+    int done = 0;
+    check_mpi(MPI_Test(request, &done, MPI_STATUS_IGNORE), what);
+    if (done) {
+      return true;
+    }
+    const auto now = Clock::now();
+    if (now >= deadline) {
+      return false;
+    }
+    if (now - start < kSpin) {
+      continue;
+    }
+    std::this_thread::sleep_for(std::min(sleep, deadline - now));
+    sleep = std::min(sleep * 2, std::chrono::duration_cast<Clock::duration>(kMaxSleep));
+  }
+}
+
+MpiEngine::MpiEngine(std::string who, int size, EngineOptions options)
+    : who_(std::move(who)), size_(size), options_(options) {
+  check_mpi(MPI_Comm_dup(MPI_COMM_WORLD, &comm_), who_ + " ProcessGroupMPI: MPI_Comm_dup");
+  check_mpi(MPI_Comm_dup(MPI_COMM_WORLD, &p2p_comm_), who_ + " ProcessGroupMPI: MPI_Comm_dup");
+  // Errors come back as codes, which become CommErrors naming the operation,
+  // instead of MPI's default of ending the job on the spot.
+  MPI_Comm_set_errhandler(comm_, MPI_ERRORS_RETURN);
+  MPI_Comm_set_errhandler(p2p_comm_, MPI_ERRORS_RETURN);
+  int* tag_ub = nullptr;
+  int found = 0;
+  MPI_Comm_get_attr(MPI_COMM_WORLD, MPI_TAG_UB, &tag_ub, &found);
+  if (found && tag_ub != nullptr) {
+    max_tag_ = *tag_ub;
+  }
+  worker_ = std::thread([this] { run_worker(); });
+  watchdog_ = std::thread([this] { run_watchdog(); });
+  register_exit_hook(this);
+}
+
+MpiEngine::~MpiEngine() {
+  shutdown();
+  unregister_exit_hook(this);
+}
+
+void MpiEngine::shutdown_at_exit() noexcept {
+  shutdown();
+}
+
+std::shared_ptr<Work> MpiEngine::failed_work(const std::string& name,
+                                             std::chrono::milliseconds timeout) {
+  std::string broken;
+  {
+    std::lock_guard<std::mutex> lock(mutex_);
+    broken = broken_message_;
+  }
+  auto work = Work::create(name, timeout);
+  work->set_error(std::make_exception_ptr(CommError(not_run_message(name, broken))));
+  return work;
+}
+
+std::shared_ptr<Work> MpiEngine::enqueue(const char* op_name, std::chrono::milliseconds timeout,
+                                         std::vector<at::Tensor> tensors, int64_t bytes,
+                                         CollectiveFn run) {
+  auto fence = StreamFence::record(tensors); // See host_staging.h
+  std::unique_lock<std::mutex> lock(mutex_);
+  DDP_CHECK(!stop_, who_, " ", op_name, ": the process group is being destroyed");
+  const uint64_t seq = next_seq_++;
+  // A plain wait() must report the watchdog's TimeoutError, which says what
+  // the group has become, not give up on its own first: it waits until a
+  // while after the operation's deadline, which the watchdog enforces from
+  // the moment the task starts (see Note [MPI deadlines]).
+  const auto wait_timeout = timeout + options_.watchdog_interval + kWaitMargin;
+  auto work = Work::create(c10::str(who_, " ", op_name, " #", seq), wait_timeout);
+  if (!broken_message_.empty()) {
+    const std::string broken = broken_message_;
+    lock.unlock();
+    work->set_error(std::make_exception_ptr(CommError(not_run_message(work->name(), broken))));
+    return work;
+  }
+  work->keep_alive(tensors);
+  queue_.push_back(Task{work, timeout, std::move(run), std::move(fence), std::move(tensors), bytes});
+  lock.unlock();
+  queue_cv_.notify_one();
+  return work;
+}
+
+std::shared_ptr<Work> MpiEngine::post_point_to_point(bool is_send, const at::Tensor& tensor,
+                                                     int peer, int tag,
+                                                     std::chrono::milliseconds timeout,
+                                                     std::string name) {
+  bool broken = false;
+  {
+    std::lock_guard<std::mutex> lock(mutex_);
+    DDP_CHECK(!stop_, name, ": the process group is being destroyed");
+    broken = !broken_message_.empty();
+  }
+  if (broken) {
+    return failed_work(name, timeout);
+  }
+  at::Tensor host = tensor;
+  if (tensor.is_cuda()) {
+    host = at::empty(tensor.sizes(), tensor.options().device(at::kCPU).pinned_memory(true));
+    if (is_send) {
+      host.copy_(tensor);
+    }
+  }
+  MPI_Request request = MPI_REQUEST_NULL;
+  const int count = static_cast<int>(tensor.numel()); // checked by the caller
+  const MPI_Datatype datatype = datatype_of(tensor.scalar_type());
+  const int rc = is_send ? MPI_Isend(host.data_ptr(), count, datatype, peer, tag, p2p_comm_, &request)
+                         : MPI_Irecv(host.data_ptr(), count, datatype, peer, tag, p2p_comm_, &request);
+  if (rc != MPI_SUCCESS) {
+    auto work = Work::create(name, timeout);
+    work->set_error(std::make_exception_ptr(CommError(c10::str(
+        name, ": ", is_send ? "MPI_Isend" : "MPI_Irecv", " failed: ", error_string(rc)))));
+    return work;
+  }
+  return std::make_shared<MpiPointToPointWork>(std::move(name), timeout, is_send, tensor,
+                                               std::move(host), request);
+}
+
+void MpiEngine::run_worker() {
+  for (;;) {
+    Task task;
+    std::string broken;
+    {
+      std::unique_lock<std::mutex> lock(mutex_);
+      queue_cv_.wait(lock, [this] { return stop_ || !queue_.empty(); });
+      if (queue_.empty()) {
+        break; // stop_, and nothing left to finish
+      }
+      task = std::move(queue_.front());
+      queue_.pop_front();
+      broken = broken_message_;
+      if (broken.empty()) {
+        running_ = Running{task.work, task.timeout, Clock::now() + task.timeout, false};
+      }
+    }
+    if (broken.empty()) {
+      run_task(task);
+    } else {
+      task.work->set_error(std::make_exception_ptr(CommError(not_run_message(task.work->name(), broken))));
+    }
+    state_cv_.notify_all(); // for wait_until_idle; no system call without a waiter
+  }
+  {
+    std::lock_guard<std::mutex> lock(mutex_);
+    worker_exited_ = true;
+  }
+  state_cv_.notify_all();
+}
+
+void MpiEngine::wait_until_idle() {
+  std::unique_lock<std::mutex> lock(mutex_);
+  state_cv_.wait(lock, [this] {
+    return worker_exited_ || (queue_.empty() && !running_) || (running_ && running_->timed_out);
+  });
+}
+
+void MpiEngine::run_task(Task& task) {
+  const std::string& name = task.work->name();
+  std::vector<at::Tensor> result;
+  std::exception_ptr error;
+  bool group_failed = false;
+  try {
+    task.fence.wait();
+    if (size_ > 1 && options_.arrival_wait_min_bytes >= 0 &&
+        task.bytes >= options_.arrival_wait_min_bytes) {
+      // See Note [MPI arrival wait].
+      MPI_Request arrival = MPI_REQUEST_NULL;
+      check_mpi(MPI_Ibarrier(comm_, &arrival), "MPI_Ibarrier");
+      poll_request(&arrival, Clock::time_point::max(), "MPI_Ibarrier");
+    }
+    result = task.run(comm_);
+  } catch (const CommError& e) {
+    // MPI failed ("MPI_Allreduce: <MPI's text>"): name the operation.
+    error = std::make_exception_ptr(CommError(c10::str(name, ": ", e.what())));
+    group_failed = true;
+  } catch (const c10::Error&) {
+    error = std::current_exception(); // misuse caught late; the ranks did not enter MPI
+  } catch (const std::exception& e) {
+    error = std::make_exception_ptr(CommError(c10::str(name, ": ", e.what())));
+    group_failed = true;
+  }
+  bool timed_out = false;
+  {
+    std::lock_guard<std::mutex> lock(mutex_);
+    timed_out = running_->timed_out;
+    running_.reset();
+    if (group_failed && !timed_out && broken_message_.empty()) {
+      try {
+        std::rethrow_exception(error);
+      } catch (const std::exception& e) {
+        broken_message_ = e.what();
+      }
+    }
+  }
+  if (timed_out) {
+    return; // the watchdog failed the Work; see Note [MPI deadlines]
+  }
+  if (error) {
+    task.work->set_error(error);
+  } else {
+    task.work->set_result(std::move(result));
+  }
+}
+
+void MpiEngine::run_watchdog() {
+  std::unique_lock<std::mutex> lock(mutex_);
+  while (!stop_watchdog_) {
+    const auto now = Clock::now();
+    if (running_ && !running_->timed_out && now >= running_->deadline) {
+      // See Note [MPI deadlines].
+      running_->timed_out = true;
+      auto work = running_->work;
+      const std::string message = c10::str(
+          work->name(), " timed out after ", running_->timeout.count(),
+          " ms: it is still blocked inside MPI, waiting for a peer (a rank may be stuck, dead, "
+          "or issuing collectives in a different order). MPI cannot cancel a collective, so the "
+          "group is unusable; destroying it, or exiting, ends the job with MPI_Abort.");
+      if (broken_message_.empty()) {
+        broken_message_ = message;
+      }
+      std::deque<Task> queued;
+      queued.swap(queue_);
+      const std::string broken = broken_message_;
+      lock.unlock();
+      work->set_error(std::make_exception_ptr(TimeoutError(message)));
+      for (auto& task : queued) {
+        task.work->set_error(std::make_exception_ptr(CommError(not_run_message(task.work->name(), broken))));
+      }
+      state_cv_.notify_all();
+      lock.lock();
+      continue;
+    }
+    auto wake = now + options_.watchdog_interval;
+    if (running_ && !running_->timed_out) {
+      wake = std::min(wake, running_->deadline);
+    }
+    watchdog_cv_.wait_until(lock, wake);
+  }
+}
+
+void MpiEngine::shutdown() noexcept {
+  std::lock_guard<std::mutex> once(shutdown_mutex_);
+  if (shut_down_) {
+    return;
+  }
+  shut_down_ = true;
+  {
+    std::lock_guard<std::mutex> lock(mutex_);
+    stop_ = true;
+  }
+  queue_cv_.notify_all();
+  {
+    // The worker finishes the queue: each task within its deadline, which
+    // the watchdog enforces meanwhile.
+    std::unique_lock<std::mutex> lock(mutex_);
+    while (!worker_exited_) {
+      if (running_ && running_->timed_out) {
+        const std::string name = running_->work->name();
+        lock.unlock();
+        abort_job(c10::str(name,
+                           " timed out and is still blocked inside MPI, which cannot cancel it; "
+                           "ending the job with MPI_Abort so that no rank waits forever (see "
+                           "docs/errors.md)"));
+      }
+      state_cv_.wait_for(lock, kShutdownPoll);
+    }
+  }
+  worker_.join();
+  {
+    std::lock_guard<std::mutex> lock(mutex_);
+    stop_watchdog_ = true;
+  }
+  watchdog_cv_.notify_all();
+  watchdog_.join();
+  if (!mpi_finalized()) {
+    MPI_Comm_free(&comm_);
+    MPI_Comm_free(&p2p_comm_);
+  }
+}
+
+} // namespace ddp::internal::mpi

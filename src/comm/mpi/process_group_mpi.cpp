@@ -1,0 +1,501 @@
+// The MPI backend: the collectives, each a task for the engine.
+//
+// How it works. Every collective checks its arguments on the caller's
+// thread with the checks every backend shares (comm/collective_checks.h,
+// given `kMpiRules`), picks the MPI datatype and operation
+// (comm/mpi/mpi_types.h), and queues a body for the engine
+// (comm/mpi/mpi_engine.h), which runs it on the group's worker thread. A
+// body stages CUDA tensors to the host, calls one blocking MPI collective
+// on the host tensors (a large allreduce runs ddp's ring over point-to-point
+// messages instead, comm/mpi/mpi_ring.h), and copies the results back. MPI
+// counts are ints:
+// allreduce, broadcast and reduce split larger tensors into pieces; the
+// other collectives refuse them with a message that says so. A tensor of no
+// elements makes no MPI call (its peers' tensors have none either).
+
+#include <ddp/comm/process_group_mpi.h>
+
+#include <ATen/ATen.h>
+
+#include <algorithm>
+#include <climits>
+#include <cstdlib>
+
+#include <ddp/comm/error.h>
+
+#include "comm/collective_checks.h"
+#include "comm/mpi/host_staging.h"
+#include "comm/mpi/mpi_engine.h"
+#include "comm/mpi/mpi_ring.h"
+#include "comm/mpi/mpi_runtime.h"
+#include "comm/mpi/mpi_types.h"
+#include "comm/reduce_kernels.h"
+#include "internal/check.h"
+#include "internal/env.h"
+
+namespace ddp {
+
+namespace mpi = internal::mpi;
+
+class ProcessGroupMPI::Impl {
+ public:
+  Impl(std::string who, int size, const ProcessGroupMPIOptions& options)
+      : ring_allreduce_min_bytes(options.ring_allreduce_min_bytes()),
+        engine(std::move(who), size,
+               mpi::EngineOptions{options.watchdog_interval(), options.arrival_wait_min_bytes()}) {}
+
+  const int64_t ring_allreduce_min_bytes;
+  // The ring allreduce's scratch buffer, kept between calls; used by the
+  // worker thread alone. Declared before `engine`, whose destructor stops
+  // the worker, so that it outlives every task.
+  std::vector<uint8_t> ring_scratch;
+  mpi::MpiEngine engine;
+};
+
+namespace {
+
+constexpr int64_t kMaxCount = INT_MAX;
+
+// Checks one tensor argument; `who` is "[rank R/W] op", `what` names it.
+void check_tensor(const at::Tensor& t, const std::string& who, const std::string& what) {
+  DDP_CHECK(t.defined(), who, ": ", what, " is an undefined tensor");
+  DDP_CHECK(t.is_contiguous(), who, ": ", what, " must be contiguous (got sizes ", t.sizes(),
+            " with strides ", t.strides(), "); pass tensor.contiguous() and copy the result back");
+  DDP_CHECK(t.is_cpu() || t.is_cuda(), who, ": ", what, " is on device ", t.device(),
+            "; the MPI backend takes CPU or CUDA tensors");
+  DDP_CHECK(internal::is_supported_dtype(t.scalar_type()), who, ": ", what, " has dtype ",
+            t.scalar_type(), ", which the MPI backend does not support");
+  DDP_CHECK(!t.is_sparse(), who, ": ", what, " is sparse; only dense tensors are supported");
+}
+
+// MPI's rules for the checks of collective_checks.h: CPU or CUDA tensors,
+// which may differ in device within an operation (CUDA ones are staged).
+constexpr internal::TensorRules kMpiRules{&check_tensor};
+
+void check_reducible(at::ScalarType dtype, ReduceOp op, const std::string& who) {
+  DDP_CHECK(internal::reduce_kernel(dtype, op) != nullptr, who, ": ", to_string(op),
+            " is not defined for dtype ", dtype,
+            op == ReduceOp::kAvg ? "; AVG needs a floating-point tensor (use SUM and divide)"
+                                 : "; bitwise operations need an integer or bool tensor");
+}
+
+// `numel` elements fit in one MPI count.
+int checked_count(int64_t numel, const std::string& who, const char* what) {
+  DDP_CHECK(numel <= kMaxCount, who, ": ", what, " has ", numel,
+            " elements, more than one MPI call can take (", kMaxCount,
+            "); the MPI backend splits only allreduce, broadcast and reduce. Split the tensor.");
+  return static_cast<int>(numel);
+}
+
+// Calls `call(data, count)` on consecutive pieces of `tensor` that each fit
+// in an MPI count.
+template <typename Call>
+void in_pieces(const at::Tensor& tensor, Call&& call) {
+  auto* data = static_cast<char*>(tensor.data_ptr());
+  const int64_t numel = tensor.numel();
+  const auto element_size = static_cast<int64_t>(tensor.element_size());
+  for (int64_t offset = 0; offset < numel; offset += kMaxCount) {
+    call(data + offset * element_size, static_cast<int>(std::min(kMaxCount, numel - offset)));
+  }
+}
+
+int64_t bytes_of(const std::vector<at::Tensor>& tensors) {
+  int64_t bytes = 0;
+  for (const auto& t : tensors) {
+    bytes += static_cast<int64_t>(t.nbytes());
+  }
+  return bytes;
+}
+
+// `input` on the host, as a buffer MPI may read while it writes `output`:
+// MPI forbids a send buffer that overlaps the receive buffer.
+at::Tensor separate_input(const at::Tensor& input, const at::Tensor& output) {
+  if (input.numel() > 0 && input.is_same(output)) {
+    return input.clone();
+  }
+  if (input.has_storage() && output.has_storage() &&
+      input.storage().unsafeGetStorageImpl() == output.storage().unsafeGetStorageImpl()) {
+    return input.clone();
+  }
+  return input;
+}
+
+// A flat host tensor holding `tensors` one after the other.
+at::Tensor packed_on_host(const std::vector<at::Tensor>& tensors) {
+  std::vector<at::Tensor> views;
+  for (const auto& t : tensors) {
+    views.push_back(t.reshape({-1}));
+  }
+  return at::cat(views).cpu();
+}
+
+// Copies consecutive pieces of the flat `flat` into `outputs`.
+void unpack(const at::Tensor& flat, const std::vector<at::Tensor>& outputs) {
+  int64_t offset = 0;
+  for (const auto& t : outputs) {
+    t.view({-1}).copy_(flat.narrow(0, offset, t.numel()));
+    offset += t.numel();
+  }
+}
+
+// The world that MPI sees is the one the launcher started: a launcher that
+// is not MPI's (ddprun, torchrun: WORLD_SIZE) leaves every process a world
+// of its own, and an mpirun of another MPI than the one linked in
+// (OMPI_COMM_WORLD_SIZE) does the same.
+void check_launcher_agrees(const mpi::MpiWorld& world) {
+  const std::string who = c10::str("[rank ", world.rank, "/", world.size, "] ProcessGroupMPI");
+  const auto parse = [](const std::optional<std::string>& text) -> int {
+    if (!text || text->empty()) {
+      return -1;
+    }
+    char* end = nullptr;
+    const long value = std::strtol(text->c_str(), &end, 10);
+    return *end == '\0' && value > 0 && value <= INT_MAX ? static_cast<int>(value) : -1;
+  };
+  const int launched = parse(internal::env_get(internal::kEnvWorldSize));
+  DDP_CHECK(launched < 0 || launched == world.size || world.size > 1, who,
+            ": the launcher started ", launched, " processes (WORLD_SIZE=", launched,
+            ", as ddprun and torchrun set it), but MPI sees this process as a world of its own. "
+            "MPI's ranks must be started by an MPI launcher, which connects them: run `DDP_BACKEND=mpi "
+            "mpirun -np ", launched, " ./app` (as root, add --allow-run-as-root) or `srun --mpi=pmix -n ",
+            launched, " ./app`, or use the Gloo backend (leave DDP_BACKEND unset) under ddprun or torchrun.");
+  DDP_CHECK(launched < 0 || launched == world.size, who, ": WORLD_SIZE=", launched,
+            " but MPI_COMM_WORLD has ", world.size,
+            " ranks; under mpirun or srun the world is MPI's: unset WORLD_SIZE and RANK");
+  const int ompi = parse(internal::env_get(internal::kEnvOmpiSize));
+  DDP_CHECK(ompi < 0 || ompi == world.size, who, ": Open MPI's mpirun started ", ompi,
+            " processes (OMPI_COMM_WORLD_SIZE=", ompi, "), but this program's MPI library sees ",
+            world.size, ": the program is linked with another MPI than the mpirun that started it (",
+            ProcessGroupMPI::mpi_version(), "); start it with that MPI's own mpirun");
+}
+
+} // namespace
+
+// ---- Construction ------------------------------------------------------------
+
+std::shared_ptr<ProcessGroupMPI> ProcessGroupMPI::create(const ProcessGroupMPIOptions& options) {
+  DDP_CHECK(options.watchdog_interval().count() > 0,
+            "ProcessGroupMPI: watchdog_interval must be positive (got ",
+            options.watchdog_interval().count(), " ms)");
+  const mpi::MpiWorld world = mpi::ensure_mpi_initialized("ProcessGroupMPI");
+  check_launcher_agrees(world);
+  return std::make_shared<ProcessGroupMPI>(PrivateTag{}, world.rank, world.size, options);
+}
+
+std::string ProcessGroupMPI::mpi_version() {
+  char text[MPI_MAX_LIBRARY_VERSION_STRING];
+  int length = 0;
+  MPI_Get_library_version(text, &length);
+  std::string version(text, static_cast<size_t>(length));
+  const auto end = version.find_first_of("\n,");
+  return end == std::string::npos ? version : version.substr(0, end);
+}
+
+ProcessGroupMPI::ProcessGroupMPI(PrivateTag, int rank, int size, const ProcessGroupMPIOptions& options)
+    : ProcessGroup(rank, size, options.timeout()) {
+  impl_ = std::make_unique<Impl>(rank_prefix(), size, options);
+}
+
+ProcessGroupMPI::~ProcessGroupMPI() = default;
+
+// ---- Collectives -----------------------------------------------------------------
+
+std::shared_ptr<Work> ProcessGroupMPI::allreduce(const at::Tensor& tensor,
+                                                 const AllreduceOptions& options) {
+  return allreduce_coalesced({tensor}, options);
+}
+
+std::shared_ptr<Work> ProcessGroupMPI::allreduce_coalesced(const std::vector<at::Tensor>& tensors,
+                                                           const AllreduceOptions& options) {
+  const std::string who = rank_prefix() + " allreduce";
+  internal::check_coalesced(tensors, who, kMpiRules);
+  check_reducible(tensors[0].scalar_type(), options.op, who);
+  const auto reduction = mpi::reduction_of(tensors[0].scalar_type(), options.op);
+  const bool average = options.op == ReduceOp::kAvg;
+  const int size = this->size();
+  const int rank = this->rank();
+  const int64_t bytes = bytes_of(tensors);
+  // The same choice on every rank: it depends on the size alone.
+  const bool ring = size > 1 && impl_->ring_allreduce_min_bytes >= 0 &&
+                    bytes >= impl_->ring_allreduce_min_bytes;
+  auto kernel = ring ? internal::reduce_kernel(tensors[0].scalar_type(), options.op)
+                     : internal::ReduceKernel();
+  std::vector<uint8_t>* scratch = &impl_->ring_scratch; // outlives the task (see Impl)
+  return impl_->engine.enqueue(
+      "allreduce", resolve_timeout(options.timeout), tensors, bytes,
+      [tensors, reduction, average, size, rank, ring, kernel, scratch](MPI_Comm comm) {
+        mpi::HostStaging staging;
+        // One tensor is reduced in place; several are packed into one buffer
+        // so that they cost one collective.
+        const at::Tensor flat =
+            tensors.size() == 1 ? staging.in(tensors[0]) : packed_on_host(tensors);
+        in_pieces(flat, [&](void* data, int count) {
+          if (ring) {
+            mpi::ring_allreduce(data, count, flat.element_size(), reduction.datatype, kernel, comm,
+                                rank, size, *scratch);
+          } else {
+            mpi::check_mpi(MPI_Allreduce(MPI_IN_PLACE, data, count, reduction.datatype,
+                                         reduction.op, comm),
+                           "MPI_Allreduce");
+          }
+        });
+        if (average && flat.numel() > 0) {
+          flat.div_(size);
+        }
+        if (tensors.size() == 1) {
+          staging.copy_back();
+        } else {
+          unpack(flat, tensors);
+        }
+        return tensors;
+      });
+}
+
+std::shared_ptr<Work> ProcessGroupMPI::broadcast(const at::Tensor& tensor,
+                                                 const BroadcastOptions& options) {
+  const std::string who = rank_prefix() + " broadcast";
+  internal::check_rooted(tensor, options.root_rank, size(), who, kMpiRules);
+  const int root = options.root_rank;
+  const MPI_Datatype datatype = mpi::datatype_of(tensor.scalar_type());
+  return impl_->engine.enqueue(
+      "broadcast", resolve_timeout(options.timeout), {tensor}, static_cast<int64_t>(tensor.nbytes()),
+      [tensor, root, datatype](MPI_Comm comm) {
+        mpi::HostStaging staging;
+        const auto host = staging.in(tensor);
+        in_pieces(host, [&](void* data, int count) {
+          mpi::check_mpi(MPI_Bcast(data, count, datatype, root, comm), "MPI_Bcast");
+        });
+        staging.copy_back();
+        return std::vector<at::Tensor>{tensor};
+      });
+}
+
+std::shared_ptr<Work> ProcessGroupMPI::reduce(const at::Tensor& tensor, const ReduceOptions& options) {
+  const std::string who = rank_prefix() + " reduce";
+  internal::check_rooted(tensor, options.root_rank, size(), who, kMpiRules);
+  check_reducible(tensor.scalar_type(), options.op, who);
+  const auto reduction = mpi::reduction_of(tensor.scalar_type(), options.op);
+  const int root = options.root_rank;
+  const bool is_root = rank() == root;
+  const bool average = options.op == ReduceOp::kAvg;
+  const int size = this->size();
+  return impl_->engine.enqueue(
+      "reduce", resolve_timeout(options.timeout), {tensor}, static_cast<int64_t>(tensor.nbytes()),
+      [tensor, reduction, root, is_root, average, size](MPI_Comm comm) {
+        mpi::HostStaging staging;
+        const auto host = staging.in(tensor);
+        in_pieces(host, [&](void* data, int count) {
+          // The root reduces into its own buffer; the others only send.
+          mpi::check_mpi(MPI_Reduce(is_root ? MPI_IN_PLACE : data, is_root ? data : nullptr, count,
+                                    reduction.datatype, reduction.op, root, comm),
+                         "MPI_Reduce");
+        });
+        if (average && is_root && host.numel() > 0) {
+          host.div_(size);
+        }
+        staging.copy_back();
+        return std::vector<at::Tensor>{tensor};
+      });
+}
+
+std::shared_ptr<Work> ProcessGroupMPI::allgather(const std::vector<at::Tensor>& outputs,
+                                                 const at::Tensor& input,
+                                                 const AllgatherOptions& options) {
+  const std::string who = rank_prefix() + " allgather";
+  internal::check_allgather(outputs, input, size(), who, kMpiRules);
+  const int count = checked_count(input.numel(), who, "input");
+  const MPI_Datatype datatype = mpi::datatype_of(input.scalar_type());
+  std::vector<at::Tensor> tensors(outputs);
+  tensors.push_back(input);
+  return impl_->engine.enqueue(
+      "allgather", resolve_timeout(options.timeout), tensors, static_cast<int64_t>(input.nbytes()),
+      [outputs, input, count, datatype](MPI_Comm comm) {
+        const auto host_input = input.cpu();
+        auto flat = at::empty({static_cast<int64_t>(outputs.size()) * input.numel()}, host_input.options());
+        if (count > 0) {
+          mpi::check_mpi(MPI_Allgather(host_input.data_ptr(), count, datatype, flat.data_ptr(), count,
+                                       datatype, comm),
+                         "MPI_Allgather");
+        }
+        unpack(flat, outputs);
+        return outputs;
+      });
+}
+
+std::shared_ptr<Work> ProcessGroupMPI::allgather_into_tensor(const at::Tensor& output,
+                                                             const at::Tensor& input,
+                                                             const AllgatherOptions& options) {
+  const std::string who = rank_prefix() + " allgather_into_tensor";
+  internal::check_allgather_into_tensor(output, input, size(), who, kMpiRules);
+  const int count = checked_count(input.numel(), who, "input");
+  const MPI_Datatype datatype = mpi::datatype_of(input.scalar_type());
+  return impl_->engine.enqueue(
+      "allgather_into_tensor", resolve_timeout(options.timeout), {output, input},
+      static_cast<int64_t>(input.nbytes()), [output, input, count, datatype](MPI_Comm comm) {
+        mpi::HostStaging staging;
+        const auto host_output = staging.in(output);
+        const auto host_input = separate_input(input.cpu(), host_output);
+        if (count > 0) {
+          mpi::check_mpi(MPI_Allgather(host_input.data_ptr(), count, datatype, host_output.data_ptr(),
+                                       count, datatype, comm),
+                         "MPI_Allgather");
+        }
+        staging.copy_back();
+        return std::vector<at::Tensor>{output};
+      });
+}
+
+std::shared_ptr<Work> ProcessGroupMPI::gather(const std::vector<at::Tensor>& outputs,
+                                              const at::Tensor& input, const GatherOptions& options) {
+  const std::string who = rank_prefix() + " gather";
+  internal::check_gather(outputs, input, rank(), options.root_rank, size(), who, kMpiRules);
+  const int count = checked_count(input.numel(), who, "input");
+  const MPI_Datatype datatype = mpi::datatype_of(input.scalar_type());
+  const int root = options.root_rank;
+  const bool is_root = rank() == root;
+  const int size = this->size();
+  std::vector<at::Tensor> tensors(outputs);
+  tensors.push_back(input);
+  return impl_->engine.enqueue(
+      "gather", resolve_timeout(options.timeout), tensors, static_cast<int64_t>(input.nbytes()),
+      [outputs, input, count, datatype, root, is_root, size](MPI_Comm comm) {
+        const auto host_input = input.cpu();
+        at::Tensor flat;
+        if (is_root) {
+          flat = at::empty({size * input.numel()}, host_input.options());
+        }
+        if (count > 0) {
+          mpi::check_mpi(MPI_Gather(host_input.data_ptr(), count, datatype,
+                                    is_root ? flat.data_ptr() : nullptr, count, datatype, root, comm),
+                         "MPI_Gather");
+        }
+        if (is_root) {
+          unpack(flat, outputs);
+        }
+        return outputs;
+      });
+}
+
+std::shared_ptr<Work> ProcessGroupMPI::scatter(const at::Tensor& output,
+                                               const std::vector<at::Tensor>& inputs,
+                                               const ScatterOptions& options) {
+  const std::string who = rank_prefix() + " scatter";
+  internal::check_scatter(output, inputs, rank(), options.root_rank, size(), who, kMpiRules);
+  const int count = checked_count(output.numel(), who, "output");
+  const MPI_Datatype datatype = mpi::datatype_of(output.scalar_type());
+  const int root = options.root_rank;
+  const bool is_root = rank() == root;
+  std::vector<at::Tensor> tensors(inputs);
+  tensors.push_back(output);
+  return impl_->engine.enqueue(
+      "scatter", resolve_timeout(options.timeout), tensors, static_cast<int64_t>(output.nbytes()),
+      [output, inputs, count, datatype, root, is_root](MPI_Comm comm) {
+        mpi::HostStaging staging;
+        const auto host_output = staging.in(output);
+        // Packed into a new buffer, so that it never overlaps the output.
+        const at::Tensor flat = is_root ? packed_on_host(inputs) : at::Tensor();
+        if (count > 0) {
+          mpi::check_mpi(MPI_Scatter(is_root ? flat.data_ptr() : nullptr, count, datatype,
+                                     host_output.data_ptr(), count, datatype, root, comm),
+                         "MPI_Scatter");
+        }
+        staging.copy_back();
+        return std::vector<at::Tensor>{output};
+      });
+}
+
+std::shared_ptr<Work> ProcessGroupMPI::reduce_scatter(const at::Tensor& output,
+                                                      const std::vector<at::Tensor>& inputs,
+                                                      const ReduceScatterOptions& options) {
+  const std::string who = rank_prefix() + " reduce_scatter";
+  internal::check_reduce_scatter(output, inputs, size(), who, kMpiRules);
+  check_reducible(output.scalar_type(), options.op, who);
+  const int count = checked_count(output.numel(), who, "output");
+  const auto reduction = mpi::reduction_of(output.scalar_type(), options.op);
+  const bool average = options.op == ReduceOp::kAvg;
+  const int size = this->size();
+  std::vector<at::Tensor> tensors(inputs);
+  tensors.push_back(output);
+  return impl_->engine.enqueue(
+      "reduce_scatter", resolve_timeout(options.timeout), tensors, bytes_of(inputs),
+      [output, inputs, count, reduction, average, size](MPI_Comm comm) {
+        mpi::HostStaging staging;
+        const auto host_output = staging.in(output);
+        // A new buffer: the inputs may share storage with the output.
+        const auto flat = packed_on_host(inputs);
+        if (count > 0) {
+          mpi::check_mpi(MPI_Reduce_scatter_block(flat.data_ptr(), host_output.data_ptr(), count,
+                                                  reduction.datatype, reduction.op, comm),
+                         "MPI_Reduce_scatter_block");
+          if (average) {
+            host_output.div_(size);
+          }
+        }
+        staging.copy_back();
+        return std::vector<at::Tensor>{output};
+      });
+}
+
+std::shared_ptr<Work> ProcessGroupMPI::alltoall(const at::Tensor& output, const at::Tensor& input,
+                                                const AlltoallOptions& options) {
+  const std::string who = rank_prefix() + " alltoall";
+  internal::check_alltoall(output, input, size(), who, kMpiRules);
+  checked_count(input.numel(), who, "input");
+  const int count = static_cast<int>(input.numel() / size()); // per rank
+  const MPI_Datatype datatype = mpi::datatype_of(input.scalar_type());
+  return impl_->engine.enqueue(
+      "alltoall", resolve_timeout(options.timeout), {output, input},
+      static_cast<int64_t>(input.nbytes()), [output, input, count, datatype](MPI_Comm comm) {
+        mpi::HostStaging staging;
+        const auto host_output = staging.in(output);
+        const auto host_input = separate_input(input.cpu(), host_output);
+        if (count > 0) {
+          mpi::check_mpi(MPI_Alltoall(host_input.data_ptr(), count, datatype, host_output.data_ptr(),
+                                      count, datatype, comm),
+                         "MPI_Alltoall");
+        }
+        staging.copy_back();
+        return std::vector<at::Tensor>{output};
+      });
+}
+
+std::shared_ptr<Work> ProcessGroupMPI::barrier(const BarrierOptions& options) {
+  return impl_->engine.enqueue("barrier", resolve_timeout(options.timeout), {}, 0, [](MPI_Comm comm) {
+    mpi::check_mpi(MPI_Barrier(comm), "MPI_Barrier");
+    return std::vector<at::Tensor>{};
+  });
+}
+
+void ProcessGroupMPI::wait_for_pending_work() {
+  impl_->engine.wait_until_idle();
+}
+
+// ---- Point to point ----------------------------------------------------------------
+
+std::shared_ptr<Work> ProcessGroupMPI::send(const at::Tensor& tensor, int dst_rank,
+                                            const PointToPointOptions& options) {
+  const std::string who = rank_prefix() + " send";
+  internal::check_point_to_point(tensor, dst_rank, options.tag, rank(), size(), who, "destination",
+                                 kMpiRules);
+  DDP_CHECK(options.tag <= impl_->engine.max_tag(), who, ": tag ", options.tag,
+            " is above the largest tag this MPI accepts, ", impl_->engine.max_tag(), " (MPI_TAG_UB)");
+  checked_count(tensor.numel(), who, "tensor");
+  return impl_->engine.post_point_to_point(
+      true, tensor, dst_rank, options.tag, resolve_timeout(options.timeout),
+      c10::str(who, " to rank ", dst_rank, " tag ", options.tag));
+}
+
+std::shared_ptr<Work> ProcessGroupMPI::recv(const at::Tensor& tensor, int src_rank,
+                                            const PointToPointOptions& options) {
+  const std::string who = rank_prefix() + " recv";
+  internal::check_point_to_point(tensor, src_rank, options.tag, rank(), size(), who, "source",
+                                 kMpiRules);
+  DDP_CHECK(options.tag <= impl_->engine.max_tag(), who, ": tag ", options.tag,
+            " is above the largest tag this MPI accepts, ", impl_->engine.max_tag(), " (MPI_TAG_UB)");
+  checked_count(tensor.numel(), who, "tensor");
+  return impl_->engine.post_point_to_point(
+      false, tensor, src_rank, options.tag, resolve_timeout(options.timeout),
+      c10::str(who, " from rank ", src_rank, " tag ", options.tag));
+}
+
+} // namespace ddp

@@ -1,0 +1,22 @@
+#pragma once
+
+// Every difference between the LibTorch versions ddp builds against (1.13
+// from Debian, 2.x from PyPI) is named here, once, so that the rest of the
+// code tests a feature, never a version number (private header).
+//
+// Differences between the Gloo versions (Debian's 2022 one; the newer one of
+// the private build) are absorbed where Gloo is called, by letting the
+// compiler take a Gloo function's own type (src/comm/gloo/), not here.
+
+#include <torch/version.h>
+
+// True when the LibTorch being compiled against is `major.minor` or newer.
+#define DDP_TORCH_AT_LEAST(major, minor) \
+  (TORCH_VERSION_MAJOR > (major) ||      \
+   (TORCH_VERSION_MAJOR == (major) && TORCH_VERSION_MINOR >= (minor)))
+
+// at::ScalarType::Float8_e4m3fn and Float8_e5m2 exist (LibTorch 2.1).
+#define DDP_TORCH_HAS_FLOAT8 DDP_TORCH_AT_LEAST(2, 1)
+
+// at::ScalarType::UInt32 and UInt64 exist (LibTorch 2.3).
+#define DDP_TORCH_HAS_UINT32_UINT64 DDP_TORCH_AT_LEAST(2, 3)

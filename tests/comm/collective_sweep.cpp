@@ -1,0 +1,315 @@
+#include "comm/collective_sweep.h"
+
+#include <gtest/gtest.h>
+#include <torch/torch.h>
+
+#include <functional>
+#include <utility>
+
+namespace ddp::testing {
+
+namespace {
+
+const std::vector<at::ScalarType> kFloating = {at::kFloat, at::kDouble, at::kHalf, at::kBFloat16};
+const std::vector<at::ScalarType> kIntegral = {at::kChar, at::kByte, at::kShort, at::kInt, at::kLong};
+
+at::Tensor pattern(int64_t count) {
+  return torch::arange(count, torch::kLong).remainder(5);
+}
+
+// Rank r's input for `op` and the closed-form result, as Long/Double.
+std::pair<at::Tensor, at::Tensor> input_and_expected(ReduceOp op, int rank, int world,
+                                                     int64_t count, at::ScalarType dtype) {
+  const auto p = pattern(count);
+  const int64_t w = world;
+  if (dtype == at::kBool) {
+    // Rank 0 holds true, every other rank false.
+    auto input = torch::full({count}, rank == 0, torch::kBool);
+    bool expected = false;
+    switch (op) {
+      case ReduceOp::kSum:
+      case ReduceOp::kMax:
+      case ReduceOp::kBor:
+      case ReduceOp::kBxor:
+        expected = true;
+        break;
+      default: // PRODUCT, MIN, BAND: true only if every rank holds true
+        expected = world == 1;
+    }
+    return {input, torch::full({count}, expected, torch::kBool)};
+  }
+  switch (op) {
+    case ReduceOp::kSum:
+      return {p + rank, p * w + w * (w - 1) / 2};
+    case ReduceOp::kAvg:
+      return {p + rank, p.to(torch::kDouble) + (w - 1) / 2.0};
+    case ReduceOp::kMin:
+      return {p + rank, p};
+    case ReduceOp::kMax:
+      return {p + rank, p + (w - 1)};
+    case ReduceOp::kProduct: {
+      int64_t factorial = 1;
+      for (int64_t k = 2; k <= w; ++k) {
+        factorial *= k;
+      }
+      return {torch::full({count}, rank + 1, torch::kLong), torch::full({count}, factorial, torch::kLong)};
+    }
+    case ReduceOp::kBand:
+      return {torch::full({count}, int64_t{1} << rank, torch::kLong),
+              torch::full({count}, w == 1 ? 1 : 0, torch::kLong)};
+    case ReduceOp::kBor:
+    case ReduceOp::kBxor:
+      return {torch::full({count}, int64_t{1} << rank, torch::kLong),
+              torch::full({count}, (int64_t{1} << w) - 1, torch::kLong)};
+  }
+  return {};
+}
+
+std::vector<ReduceOp> ops_for(at::ScalarType dtype) {
+  if (at::isFloatingType(dtype)) {
+    return {ReduceOp::kSum, ReduceOp::kAvg, ReduceOp::kProduct, ReduceOp::kMin, ReduceOp::kMax};
+  }
+  return {ReduceOp::kSum, ReduceOp::kProduct, ReduceOp::kMin, ReduceOp::kMax,
+          ReduceOp::kBand, ReduceOp::kBor, ReduceOp::kBxor};
+}
+
+std::vector<at::ScalarType> all_dtypes() {
+  std::vector<at::ScalarType> dtypes(kFloating);
+  dtypes.insert(dtypes.end(), kIntegral.begin(), kIntegral.end());
+  dtypes.push_back(at::kBool);
+  return dtypes;
+}
+
+// ---- The checks ----------------------------------------------------------------
+
+void allreduce_every_dtype_and_op(ProcessGroup& pg, int64_t count) {
+  const int rank = pg.rank();
+  const int world = pg.size();
+  for (auto dtype : all_dtypes()) {
+    for (auto op : ops_for(dtype)) {
+      auto [input, expected] = input_and_expected(op, rank, world, count, dtype);
+      auto tensor = input.to(dtype);
+      pg.allreduce(tensor, {op})->wait();
+      ASSERT_TRUE(torch::equal(tensor, expected.to(dtype)))
+          << "rank " << rank << " dtype " << dtype << " op " << to_string(op);
+    }
+  }
+}
+
+void allreduce_coalesced_matches_separate_sums(ProcessGroup& pg, int64_t count) {
+  const int rank = pg.rank();
+  const int world = pg.size();
+  auto a = torch::full({count}, rank + 1.0);
+  auto b = torch::full({2, 3}, 2.0 * rank);
+  pg.allreduce_coalesced({a, b})->wait();
+  EXPECT_TRUE(torch::equal(a, torch::full({count}, world * (world + 1) / 2.0)));
+  EXPECT_TRUE(torch::equal(b, torch::full({2, 3}, 1.0 * world * (world - 1))));
+}
+
+void broadcast_from_every_root(ProcessGroup& pg, int64_t count) {
+  const int rank = pg.rank();
+  for (int root = 0; root < pg.size(); ++root) {
+    for (auto dtype : {at::kFloat, at::kHalf, at::kLong, at::kBool}) {
+      auto tensor = (pattern(count) + 10 * rank).to(dtype);
+      pg.broadcast(tensor, {root})->wait();
+      ASSERT_TRUE(torch::equal(tensor, (pattern(count) + 10 * root).to(dtype)))
+          << "root " << root << " dtype " << dtype;
+    }
+  }
+}
+
+void reduce_to_every_root(ProcessGroup& pg, int64_t count) {
+  const int rank = pg.rank();
+  const int world = pg.size();
+  for (int root = 0; root < world; ++root) {
+    for (auto dtype : {at::kFloat, at::kBFloat16, at::kInt}) {
+      auto tensor = (pattern(count) + rank).to(dtype);
+      pg.reduce(tensor, {ReduceOp::kSum, root})->wait();
+      if (rank == root) {
+        ASSERT_TRUE(torch::equal(tensor, (pattern(count) * world + world * (world - 1) / 2).to(dtype)))
+            << "root " << root << " dtype " << dtype;
+      }
+    }
+  }
+}
+
+void allgather_both_forms(ProcessGroup& pg, int64_t count) {
+  const int rank = pg.rank();
+  const int world = pg.size();
+  auto input = (pattern(count) + 100 * rank).to(torch::kInt);
+  std::vector<at::Tensor> outputs;
+  for (int r = 0; r < world; ++r) {
+    outputs.push_back(torch::empty({count}, torch::kInt));
+  }
+  pg.allgather(outputs, input)->wait();
+  auto flat = torch::empty({world * count}, torch::kInt);
+  pg.allgather_into_tensor(flat, input)->wait();
+  // In place: the input is this rank's own slot of the output.
+  auto in_place = torch::zeros({world * count}, torch::kInt);
+  auto own_slot = in_place.narrow(0, rank * count, count);
+  own_slot.copy_(input);
+  pg.allgather_into_tensor(in_place, own_slot)->wait();
+  for (int r = 0; r < world; ++r) {
+    auto expected = (pattern(count) + 100 * r).to(torch::kInt);
+    ASSERT_TRUE(torch::equal(outputs[r], expected)) << "from rank " << r;
+    ASSERT_TRUE(torch::equal(flat.narrow(0, r * count, count), expected)) << "from rank " << r;
+    ASSERT_TRUE(torch::equal(in_place.narrow(0, r * count, count), expected))
+        << "in place, from rank " << r;
+  }
+}
+
+void gather_and_scatter(ProcessGroup& pg, int64_t count) {
+  const int rank = pg.rank();
+  const int world = pg.size();
+  const int root = world - 1;
+  std::vector<at::Tensor> gathered;
+  if (rank == root) {
+    for (int r = 0; r < world; ++r) {
+      gathered.push_back(torch::empty({count}, torch::kDouble));
+    }
+  }
+  pg.gather(gathered, torch::full({count}, rank * 1.5, torch::kDouble), {root})->wait();
+  for (int r = 0; r < static_cast<int>(gathered.size()); ++r) {
+    ASSERT_TRUE(torch::equal(gathered[r], torch::full({count}, r * 1.5, torch::kDouble)));
+  }
+
+  std::vector<at::Tensor> pieces;
+  if (rank == root) {
+    for (int r = 0; r < world; ++r) {
+      pieces.push_back(pattern(count) * (r + 1));
+    }
+  }
+  auto mine = torch::empty({count}, torch::kLong);
+  pg.scatter(mine, pieces, {root})->wait();
+  ASSERT_TRUE(torch::equal(mine, pattern(count) * (rank + 1)));
+}
+
+void reduce_scatter_and_alltoall(ProcessGroup& pg, int64_t count) {
+  const int rank = pg.rank();
+  const int world = pg.size();
+  std::vector<at::Tensor> inputs;
+  for (int r = 0; r < world; ++r) {
+    inputs.push_back(torch::full({count}, 1.0f * (r + 1) * (rank + 1)));
+  }
+  auto output = torch::empty({count});
+  pg.reduce_scatter(output, inputs)->wait();
+  // sum over ranks q of (rank+1)(q+1) = (rank+1) W(W+1)/2
+  ASSERT_TRUE(torch::equal(output, torch::full({count}, (rank + 1.0f) * world * (world + 1) / 2)));
+
+  // Half with MAX: a user-defined reduction for MPI. rank q holds q at every
+  // element of chunk r, so the maximum is W - 1 everywhere.
+  std::vector<at::Tensor> half_inputs;
+  for (int r = 0; r < world; ++r) {
+    half_inputs.push_back(torch::full({count}, static_cast<double>(rank), torch::kHalf));
+  }
+  auto half_output = torch::empty({count}, torch::kHalf);
+  pg.reduce_scatter(half_output, half_inputs, {ReduceOp::kMax})->wait();
+  ASSERT_TRUE(torch::equal(half_output, torch::full({count}, world - 1.0, torch::kHalf)));
+
+  // Chunk c of rank r's input holds 10r + c; after alltoall, chunk c of
+  // this rank's output holds 10c + rank.
+  auto input = torch::empty({world * count}, torch::kLong);
+  for (int c = 0; c < world; ++c) {
+    input.narrow(0, c * count, count).fill_(10 * rank + c);
+  }
+  auto received = torch::empty({world * count}, torch::kLong);
+  pg.alltoall(received, input)->wait();
+  for (int c = 0; c < world; ++c) {
+    ASSERT_TRUE(torch::equal(received.narrow(0, c * count, count),
+                             torch::full({count}, 10 * c + rank, torch::kLong)));
+  }
+}
+
+void send_recv_ring_and_barrier(ProcessGroup& pg, int64_t count) {
+  const int rank = pg.rank();
+  const int world = pg.size();
+  if (world == 1) {
+    // No peer to talk to: sending to oneself is an error, not a hang.
+    EXPECT_THROW(pg.send(torch::ones({count}), 0), c10::Error);
+    pg.barrier()->wait();
+    return;
+  }
+  const int next = (rank + 1) % world;
+  const int prev = (rank + world - 1) % world;
+  auto out = torch::full({count}, 1.0 * rank);
+  auto in = torch::empty({count});
+  auto sent = pg.send(out, next, {7});
+  auto received = pg.recv(in, prev, {7});
+  sent->wait();
+  received->wait();
+  ASSERT_TRUE(torch::equal(in, torch::full({count}, 1.0 * prev)));
+  pg.barrier()->wait();
+}
+
+void expect_check_error(const std::function<void()>& fn, const std::string& substring) {
+  try {
+    fn();
+    FAIL() << "expected a c10::Error containing '" << substring << "'";
+  } catch (const c10::Error& e) {
+    EXPECT_NE(std::string(e.what()).find(substring), std::string::npos) << e.what();
+  }
+}
+
+} // namespace
+
+const std::vector<SweepCheck>& sweep_checks() {
+  static const std::vector<SweepCheck> checks = {
+      {"AllreduceEveryDtypeAndOp", &allreduce_every_dtype_and_op},
+      {"AllreduceCoalescedMatchesSeparateSums", &allreduce_coalesced_matches_separate_sums},
+      {"BroadcastFromEveryRoot", &broadcast_from_every_root},
+      {"ReduceToEveryRoot", &reduce_to_every_root},
+      {"AllgatherBothForms", &allgather_both_forms},
+      {"GatherAndScatter", &gather_and_scatter},
+      {"ReduceScatterAndAlltoall", &reduce_scatter_and_alltoall},
+      {"SendRecvRingAndBarrier", &send_recv_ring_and_barrier},
+  };
+  return checks;
+}
+
+const std::vector<int64_t>& sweep_counts() {
+  static const std::vector<int64_t> counts = {0, 1, 7, (1 << 18) + 3};
+  return counts;
+}
+
+std::string sweep_case_name(size_t check, int64_t count) {
+  return std::string(sweep_checks().at(check).name) + "_N" + std::to_string(count);
+}
+
+void check_bad_arguments_are_clear_errors(ProcessGroup& pg) {
+  const int rank = pg.rank();
+  const int world = pg.size();
+  const std::string w = std::to_string(world);
+  auto strided = torch::ones({4, 4}).t();
+  expect_check_error([&] { pg.allreduce(strided); }, "allreduce: tensor must be contiguous");
+  expect_check_error([&] { pg.allreduce(torch::ones({3}, torch::kInt), {ReduceOp::kAvg}); },
+                     "AVG is not defined for dtype Int");
+  expect_check_error([&] { pg.allreduce(torch::ones({3}), {ReduceOp::kBxor}); },
+                     "BXOR is not defined for dtype Float");
+  expect_check_error([&] { pg.allreduce_coalesced({torch::ones({3}), torch::ones({3}, torch::kDouble)}); },
+                     "tensors[1] has dtype Double, expected Float");
+  expect_check_error([&] { pg.broadcast(torch::ones({3}), {world + 3}); },
+                     "root rank " + std::to_string(world + 3) + " is out of range for world size " + w);
+  expect_check_error([&] { pg.allgather({torch::ones({3})}, torch::ones({3})); },
+                     "outputs holds 1 tensors, expected one per rank (" + w + ")");
+  std::vector<at::Tensor> uneven(world, torch::ones({3}));
+  uneven.back() = torch::ones({4});
+  expect_check_error([&] { pg.allgather(uneven, torch::ones({3})); },
+                     "outputs[" + std::to_string(world - 1) + "] has 4 elements");
+  expect_check_error([&] { pg.send(torch::ones({3}), rank); }, "destination rank");
+  expect_check_error([&] { pg.alltoall(torch::ones({2 * world + 1}), torch::ones({2 * world + 1})); },
+                     "does not split into " + w + " equal chunks");
+  expect_check_error([&] { pg.allreduce(torch::ones({3}), {ReduceOp::kSum, std::chrono::milliseconds(0)}); },
+                     "timeout must be positive");
+  // The group is still usable after argument errors: nothing was queued.
+  auto t = torch::ones({2});
+  pg.allreduce(t)->wait();
+  EXPECT_TRUE(torch::equal(t, torch::full({2}, 1.0 * world)));
+}
+
+void check_messages_name_rank_and_operation(ProcessGroup& pg) {
+  expect_check_error([&] { pg.allreduce(torch::ones({3}, torch::kComplexFloat)); },
+                     "[rank " + std::to_string(pg.rank()) + "/" + std::to_string(pg.size()) +
+                         "] allreduce: tensor has dtype ComplexFloat");
+}
+
+} // namespace ddp::testing

@@ -1,0 +1,177 @@
+// What a failing or ending Gloo group says and does, with real processes:
+// - a lost connection among 4 ranks names the rank that died, not "a peer";
+// - at an env:// rendezvous whose store rank 0 serves, the other ranks name
+//   the rank that never arrived (they used to see only the lost store);
+// - destroy_process_group() lets an operation issued without wait() finish.
+
+#include <gtest/gtest.h>
+#include <torch/torch.h>
+
+#include <signal.h>
+#include <stdlib.h>
+#include <unistd.h>
+
+#include <chrono>
+#include <string>
+#include <thread>
+
+#include <ddp/comm/error.h>
+#include <ddp/init.h>
+
+#include "testing/multi_rank.h"
+
+namespace ddp {
+namespace {
+
+using namespace std::chrono_literals;
+using ddp::testing::make_gloo_group;
+using ddp::testing::run_processes;
+
+// Exit codes the children use to report what they saw.
+constexpr int kAsExpected = 10;
+constexpr int kOtherError = 11;
+constexpr int kNoError = 12;
+
+TEST(GlooReliability, LostConnectionAmongFourRanksNamesTheRankThatDied) {
+  constexpr int kWorld = 4;
+  constexpr int kVictim = 2;
+  constexpr int kNamedRank = 20; // + the rank that the error names
+  const auto results = run_processes(
+      kWorld,
+      [](int rank, std::shared_ptr<Store> store) -> int {
+        auto pg = make_gloo_group(store, rank, kWorld, 8s);
+        auto warmup = torch::ones({16});
+        pg->allreduce(warmup)->wait();
+        if (rank == kVictim) {
+          ::kill(::getpid(), SIGKILL);
+        }
+        auto big = torch::ones({1 << 18});
+        int code = kNoError;
+        try {
+          for (int i = 0; i < 50; ++i) {
+            pg->allreduce(big)->wait();
+          }
+        } catch (const RemoteError& e) {
+          std::fprintf(stderr, "%s\n", e.what());
+          const std::string named = "lost connection to rank " + std::to_string(e.peer_rank()) + " (";
+          code = e.peer_rank() >= 0 && std::string(e.what()).find(named) != std::string::npos
+                     ? kNamedRank + e.peer_rank()
+                     : kOtherError;
+        } catch (const TimeoutError& e) {
+          // A rank that is not the victim's neighbour in the ring may only
+          // see its neighbours stall.
+          std::fprintf(stderr, "%s\n", e.what());
+          code = kAsExpected;
+        } catch (const std::exception& e) {
+          std::fprintf(stderr, "%s\n", e.what());
+          code = kOtherError;
+        }
+        // Stay a moment, so that the others see rank 2's end, not this one's.
+        std::this_thread::sleep_for(2s);
+        return code;
+      },
+      40s);
+  int named_victim = 0;
+  for (int r = 0; r < kWorld; ++r) {
+    if (r == kVictim) {
+      EXPECT_EQ(results[r].signal, SIGKILL);
+      continue;
+    }
+    const int code = results[r].exit_code;
+    EXPECT_TRUE(code == kAsExpected || (code >= kNamedRank && code < kNamedRank + kWorld))
+        << "rank " << r << " exit " << code << " (every lost connection names its rank): "
+        << results[r].output;
+    named_victim += code == kNamedRank + kVictim ? 1 : 0;
+  }
+  EXPECT_GE(named_victim, 1) << "no survivor named rank 2";
+}
+
+TEST(GlooReliability, RanksOtherThanZeroNameTheRankThatNeverArrivedAtRendezvous) {
+  const int port = ddp::testing::free_port();
+  ASSERT_GT(port, 0);
+  const auto results = run_processes(
+      3,
+      [port](int rank, std::shared_ptr<Store>) -> int {
+        if (rank == 2) {
+          return kNoError; // never comes
+        }
+        ::setenv("RANK", std::to_string(rank).c_str(), 1);
+        ::setenv("WORLD_SIZE", "3", 1);
+        ::setenv("MASTER_ADDR", "127.0.0.1", 1);
+        ::setenv("MASTER_PORT", std::to_string(port).c_str(), 1);
+        try {
+          init_process_group(InitOptions().backend(Backend::kGloo).timeout(3s));
+        } catch (const TimeoutError& e) {
+          std::fprintf(stderr, "%s\n", e.what());
+          return std::string(e.what()).find("rank(s) [2] of 3 never arrived") != std::string::npos
+                     ? kAsExpected
+                     : kOtherError;
+        } catch (const std::exception& e) {
+          std::fprintf(stderr, "%s\n", e.what());
+          return kOtherError;
+        }
+        return kNoError;
+      },
+      30s);
+  EXPECT_EQ(results[0].exit_code, kAsExpected) << results[0].output;
+  EXPECT_EQ(results[1].exit_code, kAsExpected) << results[1].output;
+}
+
+TEST(GlooReliability, DestroyProcessGroupLetsWorkIssuedWithoutWaitFinish) {
+  const auto results = run_processes(
+      2,
+      [](int rank, std::shared_ptr<Store> store) -> int {
+        init_process_group(store, rank, 2, InitOptions().backend(Backend::kGloo).timeout(20s));
+        auto t = torch::full({1000}, rank + 1.0);
+        if (rank == 1) {
+          std::this_thread::sleep_for(1s); // rank 0 destroys before this one has even issued
+        }
+        auto work = default_process_group()->allreduce(t);
+        destroy_process_group();
+        if (!work->is_completed()) {
+          std::fprintf(stderr, "rank %d: destroy_process_group returned before the allreduce\n", rank);
+          return kOtherError;
+        }
+        work->wait();
+        return torch::equal(t, torch::full({1000}, 3.0)) ? kAsExpected : kOtherError;
+      },
+      40s);
+  EXPECT_EQ(results[0].exit_code, kAsExpected) << results[0].output;
+  EXPECT_EQ(results[1].exit_code, kAsExpected) << results[1].output;
+}
+
+TEST(GlooReliability, MonitoredBarrierPassesWhenAllArriveAndNamesTheLateRanks) {
+  const auto results = run_processes(
+      4,
+      [](int rank, std::shared_ptr<Store> store) -> int {
+        auto pg = make_gloo_group(store, rank, 4, 10s);
+        pg->monitored_barrier(5s); // everyone on time
+        // Ranks 2 and 3 are late for the second one.
+        if (rank >= 2) {
+          std::this_thread::sleep_for(2500ms);
+          return kAsExpected;
+        }
+        try {
+          pg->monitored_barrier(1s, /*wait_all_ranks=*/true);
+        } catch (const TimeoutError& e) {
+          std::fprintf(stderr, "%s\n", e.what());
+          const std::string what = e.what();
+          if (rank == 0) {
+            return what.find("monitored_barrier: ranks 2, 3 did not reach monitored_barrier within 1000 ms") !=
+                           std::string::npos
+                       ? kAsExpected
+                       : kOtherError;
+          }
+          return what.find("rank 0 did not release the barrier") != std::string::npos ? kAsExpected
+                                                                                     : kOtherError;
+        }
+        return kNoError;
+      },
+      40s);
+  for (int r = 0; r < 4; ++r) {
+    EXPECT_EQ(results[r].exit_code, kAsExpected) << "rank " << r << ": " << results[r].output;
+  }
+}
+
+} // namespace
+} // namespace ddp

@@ -1,0 +1,132 @@
+# tests: comm/mpi
+#
+# The MPI backend runs in processes started by mpirun (MPI's ranks cannot be
+# threads): the collective sweep (comm/collective_sweep.h) for 1 to 4 ranks,
+# failures that must end the job, and the existing DDP programs and examples
+# run unchanged with DDP_BACKEND=mpi. DDP_MPIEXEC_FLAGS (cmake/mpi.cmake) lets
+# Open MPI's mpirun run as root (CI does) and start 3 and 4 ranks on 2 cores.
+
+# A program that fails on purpose; in a build without MPI it checks that
+# asking for MPI says so.
+add_executable(mpi_failure_main comm/mpi/mpi_failure_main.cpp)
+target_link_libraries(mpi_failure_main PRIVATE ddp torch GTest::gtest Threads::Threads) # gtest: the PCH's flags
+target_precompile_headers(mpi_failure_main REUSE_FROM ddp_test_pch)
+set_target_properties(mpi_failure_main PROPERTIES POSITION_INDEPENDENT_CODE OFF)
+
+# DDP_BACKEND that names no backend, in every build.
+add_test(NAME ddp_backend_env_invalid COMMAND mpi_failure_main init)
+set_tests_properties(ddp_backend_env_invalid PROPERTIES TIMEOUT 30
+  ENVIRONMENT "DDP_BACKEND=mip"
+  PASS_REGULAR_EXPRESSION "DDP_BACKEND='mip' names no backend; use gloo, nccl or mpi")
+
+if(NOT DDP_HAVE_MPI)
+  add_test(NAME mpi_backend_not_built COMMAND mpi_failure_main init)
+  set_tests_properties(mpi_backend_not_built PROPERTIES TIMEOUT 30
+    ENVIRONMENT "DDP_BACKEND=mpi"
+    PASS_REGULAR_EXPRESSION "DDP_BACKEND=mpi: this ddp was built without the MPI backend")
+  return()
+endif()
+
+# ddp_add_mpi_test(<name> NP <n> COMMAND <target> [ARGS <args...>] TIMEOUT <s>
+#                  [LABELS <labels...>] [PASS_REGULAR_EXPRESSION <regex>])
+# Runs <target> under `mpirun -np <n>` with DDP_BACKEND=mpi and one OpenMP
+# thread per rank (what ddprun sets for several ranks). With
+# PASS_REGULAR_EXPRESSION, CTest ignores the exit code, so mpirun's report of
+# a failed rank and the programs' own failure words fail the test instead.
+function(ddp_add_mpi_test name)
+  cmake_parse_arguments(T "" "NP;COMMAND;TIMEOUT;PASS_REGULAR_EXPRESSION" "ARGS;LABELS" ${ARGN})
+  if(NOT T_TIMEOUT)
+    message(FATAL_ERROR "ddp_add_mpi_test(${name}): every test needs a TIMEOUT")
+  endif()
+  add_test(NAME ${name}
+    COMMAND ${MPIEXEC_EXECUTABLE} ${MPIEXEC_NUMPROC_FLAG} ${T_NP} ${DDP_MPIEXEC_FLAGS}
+            ${MPIEXEC_PREFLAGS} $<TARGET_FILE:${T_COMMAND}> ${MPIEXEC_POSTFLAGS} ${T_ARGS})
+  set_tests_properties(${name} PROPERTIES TIMEOUT ${T_TIMEOUT} LABELS "mpi;${T_LABELS}"
+    ENVIRONMENT "DDP_BACKEND=mpi;OMP_NUM_THREADS=1")
+  if(T_PASS_REGULAR_EXPRESSION)
+    set_tests_properties(${name} PROPERTIES PASS_REGULAR_EXPRESSION "${T_PASS_REGULAR_EXPRESSION}"
+      FAIL_REGULAR_EXPRESSION "DIFFER|WRONG|non-zero exit code|exited on signal|MPI_ABORT")
+  endif()
+endfunction()
+
+# ---- The collective sweep and the group's own tests ------------------------------
+# Built as ddp_add_gtest builds its binaries, but run under mpirun: one
+# process per rank, every rank running every test in the same order. Alone it
+# is a world of 1 (MPI's singleton), where the misuse checks that need a peer
+# do not apply.
+add_executable(process_group_mpi_test comm/mpi/process_group_mpi_test.cpp)
+target_link_libraries(process_group_mpi_test PRIVATE ddp_collective_sweep ddp GTest::gtest
+  GTest::gtest_main torch Threads::Threads)
+target_include_directories(process_group_mpi_test PRIVATE ${PROJECT_SOURCE_DIR}/src ${PROJECT_SOURCE_DIR}/tests)
+target_precompile_headers(process_group_mpi_test REUSE_FROM ddp_test_pch)
+set_target_properties(process_group_mpi_test PROPERTIES POSITION_INDEPENDENT_CODE OFF)
+add_test(NAME process_group_mpi_test_1_rank
+  COMMAND process_group_mpi_test --gtest_brief=1 --gtest_filter=-MpiErrors.BadArgumentsAreClearErrors)
+set_tests_properties(process_group_mpi_test_1_rank PROPERTIES TIMEOUT 120 LABELS mpi)
+foreach(np 2 3 4)
+  ddp_add_mpi_test(process_group_mpi_test_${np}_ranks NP ${np} COMMAND process_group_mpi_test
+    ARGS --gtest_brief=1 TIMEOUT 300)
+endforeach()
+
+# ---- Failures end the job --------------------------------------------------------
+set(_ddp_mpirun_2 ${MPIEXEC_EXECUTABLE} ${MPIEXEC_NUMPROC_FLAG} 2 ${DDP_MPIEXEC_FLAGS}
+  ${MPIEXEC_PREFLAGS})
+set(_ddp_failure_driver sh ${CMAKE_CURRENT_LIST_DIR}/run_mpi_failure_test.sh)
+# A collective that rank 1 never joins: rank 0 gets the TimeoutError on time,
+# a later collective fails at once, and destroying the group (or exiting with
+# it alive) ends the job with MPI_Abort, long before rank 1's 120 s sleep.
+foreach(mode stuck-destroy stuck-exit)
+  add_test(NAME mpi_${mode}_ends_job
+    COMMAND ${_ddp_failure_driver} 30
+      "caught TimeoutError after [0-9]+ ms: \\[rank 0/2\\] allreduce #1 timed out after 1000 ms"
+      "later collective failed at once: \\[rank 0/2\\] broadcast #2: not run"
+      "ending the job with MPI_Abort"
+      -- ${_ddp_mpirun_2} $<TARGET_FILE:mpi_failure_main> ${MPIEXEC_POSTFLAGS} ${mode})
+  set_tests_properties(mpi_${mode}_ends_job PROPERTIES TIMEOUT 90 LABELS mpi
+    ENVIRONMENT "DDP_BACKEND=mpi;OMP_NUM_THREADS=1")
+endforeach()
+# A rank killed mid-job: mpirun ends the others.
+add_test(NAME mpi_killed_rank_ends_job
+  COMMAND ${_ddp_failure_driver} 30 "\\[rank 1\\] killing myself"
+    -- ${_ddp_mpirun_2} $<TARGET_FILE:mpi_failure_main> ${MPIEXEC_POSTFLAGS} kill)
+set_tests_properties(mpi_killed_rank_ends_job PROPERTIES TIMEOUT 90 LABELS mpi
+  ENVIRONMENT "DDP_BACKEND=mpi;OMP_NUM_THREADS=1")
+# Two processes that ddprun-style variables describe as one job, without an
+# MPI launcher: the error says to use mpirun.
+add_test(NAME mpi_outside_mpi_launcher COMMAND mpi_failure_main init)
+set_tests_properties(mpi_outside_mpi_launcher PROPERTIES TIMEOUT 60 LABELS mpi
+  ENVIRONMENT "DDP_BACKEND=mpi;WORLD_SIZE=2;RANK=0;MASTER_ADDR=127.0.0.1;MASTER_PORT=1"
+  PASS_REGULAR_EXPRESSION "MPI sees this process as a world of its own.*DDP_BACKEND=mpi mpirun -np 2")
+# ddprun does not start MPI jobs, and says which launcher does.
+add_test(NAME ddprun_refuses_mpi
+  COMMAND $<TARGET_FILE:ddprun> --nproc-per-node 2 $<TARGET_FILE:mpi_failure_main> init)
+set_tests_properties(ddprun_refuses_mpi PROPERTIES TIMEOUT 30 LABELS mpi
+  ENVIRONMENT "DDP_BACKEND=mpi"
+  PASS_REGULAR_EXPRESSION "ddprun: DDP_BACKEND=mpi: .*mpirun -np 2")
+
+# The backend with CUDA tensors, run by hand on a GPU machine (no CTest test:
+# the machines that run the suite have no GPU):
+#   DDP_BACKEND=mpi mpirun -np 2 build/tests/mpi_cuda_main
+add_executable(mpi_cuda_main comm/mpi/mpi_cuda_main.cpp)
+target_link_libraries(mpi_cuda_main PRIVATE ddp torch GTest::gtest Threads::Threads) # gtest: the PCH's flags
+target_precompile_headers(mpi_cuda_main REUSE_FROM ddp_test_pch)
+set_target_properties(mpi_cuda_main PROPERTIES POSITION_INDEPENDENT_CODE OFF)
+
+# ---- DDP, Join and the examples, unchanged, on MPI --------------------------------
+# The programs are defined in tests/nn/nn.cmake and examples/.
+ddp_add_mpi_test(ddp_parity_mpi_2_ranks NP 2 COMMAND ddp_parity_main TIMEOUT 120)
+ddp_add_mpi_test(ddp_parity_mpi_3_ranks NP 3 COMMAND ddp_parity_main TIMEOUT 180)
+foreach(np 2 3)
+  # Its own scratch folder: the program names its checkpoint after
+  # MASTER_PORT, which mpirun does not set.
+  set(_ddp_scratch ${CMAKE_CURRENT_BINARY_DIR}/mpi_join_${np}_ranks)
+  file(MAKE_DIRECTORY ${_ddp_scratch})
+  ddp_add_mpi_test(ddp_join_checkpoint_mpi_${np}_ranks NP ${np} COMMAND ddp_join_checkpoint_main
+    ARGS ${_ddp_scratch} $<TARGET_FILE:ddp_checkpoint_plain_load> TIMEOUT 180)
+endforeach()
+if(DDP_BUILD_EXAMPLES)
+  ddp_add_mpi_test(toy_model_mpi_2_ranks NP 2 COMMAND toy_model TIMEOUT 90
+    PASS_REGULAR_EXPRESSION "toy_model: rank 1 of 2 on cpu, backend mpi")
+  ddp_add_mpi_test(allreduce_example_mpi_4_ranks NP 4 COMMAND allreduce_example TIMEOUT 90
+    PASS_REGULAR_EXPRESSION "rank 3 of 4: allreduce gave 10 \\(expected 1 \\+ 2 \\+ ... \\+ 4 = 10\\): OK")
+endif()
