@@ -10,7 +10,8 @@
 #      arguments may be given in $DDP_CMAKE_ARGS; they come last, so that
 #      e.g. DDP_CMAKE_ARGS="-DDDP_BUILD_BENCHMARKS=OFF" wins.
 #   3. Builds everything with ninja -j<jobs> (default: the number of CPUs,
-#      fewer when memory is short; or $DDP_JOBS).
+#      fewer when memory is short; or $DDP_JOBS), or only the targets named
+#      in $DDP_BUILD_TARGETS (space-separated; scripts/sanitize.sh uses it).
 #
 # Running it again is cheap: nothing is installed when nothing is missing, and
 # Ninja rebuilds only what changed. Runs from any directory; paths are
@@ -128,8 +129,10 @@ if [[ -z $jobs ]]; then
     ((jobs <= by_memory)) || jobs=$by_memory
   fi
 fi
-say "building $build_dir with $jobs jobs"
-run ninja -C "$build_dir" -j"$jobs"
+# shellcheck disable=SC2206 # DDP_BUILD_TARGETS is split on spaces on purpose
+targets=(${DDP_BUILD_TARGETS:-})
+say "building $build_dir with $jobs jobs${targets[*]:+ (targets: ${targets[*]})}"
+run ninja -C "$build_dir" -j"$jobs" "${targets[@]}"
 
 step="finishing"
 say "done: $build_dir/libddp.so and $build_dir/ddprun are built"

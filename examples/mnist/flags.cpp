@@ -51,6 +51,11 @@ const char* usage() {
          "                         --max-restarts, torchrun --max-restarts)\n"
          "  --csv PATH             rank 0 writes one row of metrics per epoch there\n"
          "  --stop-after-epoch N   exit right after saving epoch N's checkpoint\n"
+         "  --comm-hook NAME       gradient reduction: allreduce, fp16, bf16 or powersgd\n"
+         "                         (default allreduce)\n"
+         "  --powersgd-rank N      PowerSGD's matrix approximation rank (default 1)\n"
+         "  --powersgd-start-iter N  plain steps before PowerSGD compresses (default 10,\n"
+         "                         at least 2)\n"
          "  -h, --help             print this and exit\n";
 }
 
@@ -70,6 +75,16 @@ Flags parse_flags(int argc, char** argv) {
       {"--checkpoint-dir", [&](auto&, auto& v) { flags.checkpoint_dir = v; }},
       {"--csv", [&](auto&, auto& v) { flags.csv = v; }},
       {"--stop-after-epoch", [&](auto& f, auto& v) { flags.stop_after_epoch = parse_int(f, v, 1); }},
+      {"--comm-hook",
+       [&](auto& f, auto& v) {
+         if (v != "allreduce" && v != "fp16" && v != "bf16" && v != "powersgd") {
+           throw FlagError(f + " must be allreduce, fp16, bf16 or powersgd (got '" + v + "')");
+         }
+         flags.comm_hook = v;
+       }},
+      {"--powersgd-rank", [&](auto& f, auto& v) { flags.powersgd_rank = parse_int(f, v, 1); }},
+      {"--powersgd-start-iter",
+       [&](auto& f, auto& v) { flags.powersgd_start_iter = parse_int(f, v, 2); }},
   };
   for (int i = 1; i < argc; ++i) {
     std::string arg = argv[i];

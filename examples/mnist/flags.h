@@ -39,6 +39,13 @@ struct Flags {
   /// Stop right after saving this epoch's checkpoint (0: never), as if the
   /// job had been killed there.
   int64_t stop_after_epoch = 0;
+  /// How DDP reduces the gradients: "allreduce" (the default hook), "fp16",
+  /// "bf16" (compressed to 16 bits) or "powersgd" (PowerSGD).
+  std::string comm_hook = "allreduce";
+  /// PowerSGD's matrix_approximation_rank.
+  int64_t powersgd_rank = 1;
+  /// PowerSGD's start_powerSGD_iter: plain steps before compression starts.
+  int64_t powersgd_start_iter = 10;
   /// Print the usage and exit.
   bool help = false;
 };

@@ -35,8 +35,10 @@
 #include <cstdlib>
 #include <cstring>
 
+#include <algorithm>
 #include <cstdio>
 #include <fstream>
+#include <memory>
 #include <optional>
 #include <sstream>
 #include <string>
@@ -440,6 +442,20 @@ int train(const Flags& flags, const ddp::WorldInfo& world, torch::Device device,
     ddp_options.device_ids({device});
   }
   ddp::DistributedDataParallel model(net, ddp_options);
+  // PowerSGD's error feedback and Q memories live in this state, not in the
+  // checkpoints: a resumed run starts them afresh.
+  std::shared_ptr<ddp::comm_hooks::PowerSGDState> powersgd;
+  if (flags.comm_hook == "powersgd") {
+    powersgd = std::make_shared<ddp::comm_hooks::PowerSGDState>(
+        ddp::comm_hooks::PowerSGDOptions()
+            .matrix_approximation_rank(flags.powersgd_rank)
+            .start_powerSGD_iter(flags.powersgd_start_iter));
+    model->register_comm_hook(ddp::comm_hooks::powerSGD(powersgd));
+  } else if (flags.comm_hook == "fp16") {
+    model->register_comm_hook(ddp::comm_hooks::fp16_compress());
+  } else if (flags.comm_hook == "bf16") {
+    model->register_comm_hook(ddp::comm_hooks::bf16_compress());
+  }
   torch::optim::SGD optimizer(model->parameters(),
                               torch::optim::SGDOptions(flags.lr).momentum(flags.momentum));
 
@@ -467,6 +483,14 @@ int train(const Flags& flags, const ddp::WorldInfo& world, torch::Device device,
                 static_cast<long long>(flags.batch_size),
                 static_cast<long long>(flags.batch_size * group->size()), flags.lr,
                 flags.momentum);
+    if (powersgd) {
+      std::printf("mnist_train: communication hook powersgd: rank %lld, plain for the first %lld "
+                  "steps\n",
+                  static_cast<long long>(flags.powersgd_rank),
+                  static_cast<long long>(flags.powersgd_start_iter));
+    } else if (flags.comm_hook != "allreduce") {
+      std::printf("mnist_train: communication hook %s\n", flags.comm_hook.c_str());
+    }
   }
   if (completed_epochs > 0) {
     // Every rank reads the file onto its own device.
@@ -569,6 +593,23 @@ int train(const Flags& flags, const ddp::WorldInfo& world, torch::Device device,
       ddp::destroy_process_group();
       return 0;
     }
+  }
+
+  if (powersgd && is_rank0) {
+    // What the default hook would send: every gradient, once per step.
+    int64_t numel = 0;
+    for (const auto& p : model->parameters()) {
+      numel += p.numel();
+    }
+    const auto stats = powersgd->compression_stats();
+    const auto steps_done = std::max<int64_t>(powersgd->iteration(), 1);
+    std::printf("powersgd: %llu bytes allreduced in %lld steps (%.0f per step; the default hook: "
+                "%lld per step); compression rate %.1f once started (step %lld)\n",
+                static_cast<unsigned long long>(powersgd->bytes_allreduced()),
+                static_cast<long long>(powersgd->iteration()),
+                static_cast<double>(powersgd->bytes_allreduced()) / static_cast<double>(steps_done),
+                static_cast<long long>(numel * 4), stats.rate,
+                static_cast<long long>(flags.powersgd_start_iter));
   }
 
   // A last check that DDP kept the replicas equal, and a checksum by which

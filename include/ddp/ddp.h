@@ -16,9 +16,11 @@
 #include <ddp/comm/types.h>
 #include <ddp/comm/work.h>
 #include <ddp/data/distributed_sampler.h>
+#include <ddp/group.h>
 #include <ddp/init.h>
 #include <ddp/nn/checkpoint.h>
 #include <ddp/nn/comm_hooks.h>
 #include <ddp/nn/distributed_data_parallel.h>
 #include <ddp/nn/join.h>
+#include <ddp/nn/powersgd_hook.h>
 #include <ddp/nn/sync_batch_norm.h>

@@ -102,7 +102,10 @@ std::shared_ptr<ProcessGroup> new_process_group(
     const InitOptions& options = {});
 
 /// Ends the default process group: waits (up to its timeout) for queued work,
-/// closes its connections and forgets it. A no-op when none exists.
+/// closes its connections and forgets it. Every subgroup that `new_group`
+/// made goes first, the same way (include/ddp/group.h): the registry drops
+/// them, so a subgroup lives on only while the caller still holds it, and
+/// must not be used after its default group is gone. A no-op when none exists.
 void destroy_process_group();
 
 /// True between `init_process_group` and `destroy_process_group`.

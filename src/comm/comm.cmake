@@ -10,7 +10,8 @@ ddp_add_part(ddp_comm
   src/comm/fingerprint.cpp
   src/comm/collective_checks.cpp
   src/comm/reduce_kernels.cpp
-  src/comm/init.cpp)
+  src/comm/init.cpp
+  src/comm/subgroups.cpp)
 target_precompile_headers(ddp_comm PRIVATE <ATen/ATen.h>)
 
 include(src/comm/gloo/gloo.cmake)

@@ -2,21 +2,38 @@
 // Ranks that call different collectives at the same point of their sequence
 // (other sizes, dtypes, reduce ops, roots, or another collective altogether)
 // must never exchange data: with Gloo, a size mismatch aborts the process
-// inside Gloo's event loop or, worse, returns a partly reduced tensor. So
-// every Gloo collective is tagged with its sequence number and a hash of its
-// fingerprint (fingerprint_tag): mismatched calls use different tags, their
-// messages never meet, and each side waits. The group's monitor thread then
-// notices a collective that has run for a while, publishes its fingerprint
-// to the store and compares it with the other ranks' (FingerprintExchange):
-// on a difference, every rank fails the collective with both fingerprints
-// in the message, and the group's connections are closed so that the stuck
-// collective ends at once instead of at its deadline.
+// inside Gloo's event loop (gloo::EnforceNotMet on a thread we do not own)
+// or, worse, returns a partly reduced tensor; a dtype or reduce-op mismatch
+// of equal size sums garbage. A fingerprint is what must agree: the op, the
+// sequence number, the dtype, the element count, the reduce op, the root.
 //
-// The cost on the normal path is nothing but computing a hash: no extra
-// message, no store access for collectives that finish within the monitor's
-// delay. What is left: two different calls whose 16-bit hashes are equal
-// (one chance in 65536 per mismatched call) still meet, as without
-// fingerprints.
+// Gloo. Every collective's tag is fingerprint_tag(): the sequence number
+// (low 8 bits) and a 24-bit hash of the rest. Mismatched calls use
+// different tags, so their messages never meet and no data moves: each side
+// waits. The group's monitor thread (ProcessGroupGloo) wakes every 250 ms;
+// for a task that has run for 1 s or more, it publishes the fingerprint to
+// the store under the group's prefix and compares it with the ones the other
+// ranks published for the same sequence number (FingerprintExchange). On a
+// difference it records the message, marks the group broken and shuts the
+// group's connections down, so that the stalled task fails at once; the
+// worker then raises CollectiveMismatchError with both fingerprints. A peer
+// whose task failed because of that shutdown finds the mismatch in the
+// store too (its peer published before comparing), so every rank raises
+// the same error naming both calls. A timeout names the ranks that had not
+// published that sequence number (ranks_missing): the ranks that never
+// reached the collective, as far as the store knows.
+//
+// Why this design: the normal path costs a hash and nothing else (no extra
+// message, no store access) for collectives that finish within a second;
+// docs/benchmarks.md has the measurement. A header exchanged before each
+// collective would cost a round trip on every small allreduce, which is
+// most of its latency. What is left: two different calls whose 24-bit
+// hashes are equal (one chance in 2^24 per mismatched call) still meet, as
+// they did without fingerprints; Gloo's own size checks then end the process
+// or the task, which we cannot intercept in a system Gloo.
+//
+// MPI has no tags on collectives: see Note [MPI fingerprint check] in
+// comm/mpi/mpi_engine.h, which checks a 63-bit hash before every collective.
 
 #include "comm/fingerprint.h"
 
@@ -28,14 +45,27 @@ namespace ddp::internal {
 
 namespace {
 
-// FNV-1a over the bytes of a string.
-uint32_t fnv1a(const std::string& text) {
-  uint32_t hash = 2166136261u;
-  for (const unsigned char c : text) {
-    hash ^= c;
-    hash *= 16777619u;
+constexpr uint64_t kFnvOffset = 14695981039346656037ull;
+
+// FNV-1a (64 bits), continuing `hash` over `size` bytes at `data`.
+uint64_t fnv1a(uint64_t hash, const void* data, size_t size) {
+  const auto* bytes = static_cast<const unsigned char*>(data);
+  for (size_t i = 0; i < size; ++i) {
+    hash ^= bytes[i];
+    hash *= 1099511628211ull;
   }
   return hash;
+}
+
+// A hash of everything in `f` but the sequence number, from the fields
+// themselves: it runs for every collective, so it builds no string. Equal
+// on every rank for equal calls (the ranks run the same build).
+uint64_t hash_of(const Fingerprint& f) {
+  uint64_t hash = fnv1a(kFnvOffset, f.op.data(), f.op.size());
+  const int32_t small[4] = {f.dtype ? static_cast<int32_t>(*f.dtype) : -1,
+                            f.reduce ? static_cast<int32_t>(*f.reduce) : -1, f.root, 0};
+  hash = fnv1a(hash, small, sizeof(small));
+  return fnv1a(hash, &f.numel, sizeof(f.numel));
 }
 
 std::string dtype_name(at::ScalarType dtype) {
@@ -69,7 +99,9 @@ std::string dtype_name(at::ScalarType dtype) {
 } // namespace
 
 std::string Fingerprint::shape() const {
-  std::string text = dtype ? c10::str(dtype_name(*dtype), "[", numel, "]") : std::string("no tensor");
+  std::string text = !dtype                ? std::string("no tensor")
+                     : numel == kSparse ? c10::str("sparse ", dtype_name(*dtype))
+                                        : c10::str(dtype_name(*dtype), "[", numel, "]");
   if (reduce) {
     text += " " + to_string(*reduce);
   }
@@ -83,13 +115,31 @@ std::string Fingerprint::describe() const {
   return c10::str(op, " #", seq, " with ", shape());
 }
 
-uint16_t Fingerprint::hash16() const {
-  const uint32_t hash = fnv1a(op + "|" + shape());
-  return static_cast<uint16_t>(hash ^ (hash >> 16));
+std::string Fingerprint::key() const {
+  return op + "|" + shape();
+}
+
+uint32_t Fingerprint::hash24() const {
+  const uint64_t hash = hash_of(*this);
+  return static_cast<uint32_t>(hash ^ (hash >> 24) ^ (hash >> 48)) & 0xFFFFFF;
+}
+
+int64_t Fingerprint::hash63() const {
+  return static_cast<int64_t>(hash_of(*this) >> 1);
+}
+
+std::string mismatch_message(const Fingerprint& mine, int their_rank, const std::string& their_key) {
+  const auto bar = their_key.find('|');
+  const std::string their_op = bar == std::string::npos ? their_key : their_key.substr(0, bar);
+  const std::string their_shape = bar == std::string::npos ? "" : their_key.substr(bar + 1);
+  // The op once when both called the same one.
+  const std::string this_rank = their_op == mine.op ? mine.shape() : mine.describe();
+  return c10::str("rank ", their_rank, " called ", their_op, " #", mine.seq, " with ", their_shape,
+                  ", this rank ", this_rank);
 }
 
 uint32_t fingerprint_tag(const Fingerprint& fingerprint) {
-  return (static_cast<uint32_t>(fingerprint.seq & 0xFFFF) << 16) | fingerprint.hash16();
+  return (static_cast<uint32_t>(fingerprint.seq & 0xFF) << 24) | fingerprint.hash24();
 }
 
 FingerprintExchange::FingerprintExchange(std::shared_ptr<Store> store, std::string prefix, int rank,
@@ -101,32 +151,34 @@ std::string FingerprintExchange::key(uint64_t seq, int rank) const {
 }
 
 std::optional<std::string> FingerprintExchange::publish_and_compare(const Fingerprint& fingerprint) {
-  const std::string mine = fingerprint.op + "|" + fingerprint.shape();
-  if (published_ != fingerprint.seq) {
+  std::lock_guard<std::mutex> lock(mutex_);
+  const std::string mine = fingerprint.key();
+  auto entry = std::find_if(published_.begin(), published_.end(),
+                            [&](const auto& p) { return p.first == fingerprint.seq; });
+  if (entry == published_.end()) {
     store_->set(key(fingerprint.seq, rank_), mine);
-    published_ = fingerprint.seq;
+    if (published_.size() >= 4) {
+      published_.erase(published_.begin());
+    }
+    published_.emplace_back(fingerprint.seq, std::vector<bool>(static_cast<size_t>(size_), false));
+    entry = published_.end() - 1;
   }
+  auto& agreed = entry->second;
   for (int r = 0; r < size_; ++r) {
-    if (r == rank_ || !store_->check({key(fingerprint.seq, r)})) {
+    if (r == rank_ || agreed[r] || !store_->check({key(fingerprint.seq, r)})) {
       continue;
     }
     const std::string theirs = store_->get_string(key(fingerprint.seq, r));
     if (theirs != mine) {
-      const auto bar = theirs.find('|');
-      const std::string their_op = bar == std::string::npos ? theirs : theirs.substr(0, bar);
-      const std::string their_shape = bar == std::string::npos ? "" : theirs.substr(bar + 1);
-      const std::string this_rank = their_op == fingerprint.op
-                                        ? fingerprint.shape()
-                                        : c10::str(fingerprint.op, " #", fingerprint.seq, " with ",
-                                                   fingerprint.shape());
-      return c10::str("rank ", r, " called ", their_op, " #", fingerprint.seq, " with ", their_shape,
-                      ", this rank ", this_rank);
+      return mismatch_message(fingerprint, r, theirs);
     }
+    agreed[r] = true;
   }
   return std::nullopt;
 }
 
 std::vector<int> FingerprintExchange::ranks_missing(uint64_t seq) {
+  std::lock_guard<std::mutex> lock(mutex_);
   std::vector<int> missing;
   for (int r = 0; r < size_; ++r) {
     if (r != rank_ && !store_->check({key(seq, r)})) {

@@ -7,8 +7,10 @@
 
 #include <chrono>
 #include <cstdint>
+#include <mutex>
 #include <optional>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include <ddp/comm/types.h>
@@ -19,10 +21,19 @@ namespace ddp::internal {
 // What one rank's call of a collective is: two ranks' calls of the same
 // collective must have equal fingerprints.
 struct Fingerprint {
+  Fingerprint() = default;
+  // The sequence number is the group's to set.
+  explicit Fingerprint(std::string op, std::optional<at::ScalarType> dtype = std::nullopt,
+                       int64_t numel = 0, std::optional<ReduceOp> reduce = std::nullopt, int root = -1)
+      : op(std::move(op)), dtype(dtype), numel(numel), reduce(reduce), root(root) {}
+
   std::string op;                           // "allreduce"
   uint64_t seq = 0;                         // the group's sequence number
   std::optional<at::ScalarType> dtype;      // none for a barrier
-  int64_t numel = 0;                        // elements this rank contributes
+  int64_t numel = 0;                        // elements this rank contributes;
+                                            // kSparse: a sparse tensor's, which
+                                            // the collective checks itself
+  static constexpr int64_t kSparse = -1;
   std::optional<ReduceOp> reduce;           // reductions only
   int root = -1;                            // rooted collectives only
 
@@ -30,21 +41,34 @@ struct Fingerprint {
   std::string describe() const;
   // The call without the op name and sequence number: "float32[1000] SUM".
   std::string shape() const;
-  // 16 bits of a hash of everything but the sequence number.
-  uint16_t hash16() const;
+  // What two ranks compare: "allreduce|float32[1000] SUM".
+  std::string key() const;
+  // 24 bits of a hash of everything but the sequence number.
+  uint32_t hash24() const;
+  // 63 bits of the same hash (non-negative as an int64_t), for the MPI
+  // backend's check (see Note [Collective fingerprints]).
+  int64_t hash63() const;
 };
 
-// The Gloo tag of a collective: its sequence number (low 16 bits; at most
-// two collectives are in flight at once) and its fingerprint's hash, so that
-// two ranks that call different collectives at the same point never exchange
-// data.
+// The message of a mismatch between `mine` and what rank `their_rank`
+// published for the same sequence number (its `key()`): "rank 0 called
+// allreduce #4 with float32[1000] SUM, this rank float32[2000] SUM".
+std::string mismatch_message(const Fingerprint& mine, int their_rank, const std::string& their_key);
+
+// The Gloo tag of a collective: its sequence number (low 8 bits: at most
+// two collectives are in flight at once, and a rank can run ahead of its
+// peers only by collectives that do not wait for them) and 24 bits of its
+// fingerprint's hash, so that two ranks that call different collectives at
+// the same point never exchange data (but one pair in 2^24 of different
+// calls does).
 uint32_t fingerprint_tag(const Fingerprint& fingerprint);
 
 // Compares a stalled collective's fingerprint with the other ranks' through
 // the group's store: each rank publishes its fingerprint for a sequence
 // number once, under `prefix`.
 //
-// Thread-safety: one caller at a time (the group's monitor thread).
+// Thread-safety: safe to call from several threads (the group's monitor
+// thread and its workers); calls are serialised by an internal mutex.
 class FingerprintExchange {
  public:
   FingerprintExchange(std::shared_ptr<Store> store, std::string prefix, int rank, int size);
@@ -67,7 +91,12 @@ class FingerprintExchange {
   const std::string prefix_;
   const int rank_;
   const int size_;
-  std::optional<uint64_t> published_; // the last sequence number published
+  std::mutex mutex_;
+  // The sequence numbers published, the latest few (at most two collectives
+  // run at once), each with the ranks already found to agree (not read
+  // again: a long collective is compared every few hundred ms). Guarded by
+  // mutex_.
+  std::vector<std::pair<uint64_t, std::vector<bool>>> published_;
 };
 
 } // namespace ddp::internal

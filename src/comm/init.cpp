@@ -28,6 +28,7 @@
 
 #include <ddp/comm/error.h>
 
+#include "comm/default_group.h"
 #include "internal/check.h"
 #include "internal/env.h"
 #include "internal/logging.h"
@@ -202,6 +203,20 @@ std::shared_ptr<ProcessGroup>& default_group_slot() {
   return group;
 }
 
+// How the default group was made (its `group` field is unused: the slot
+// above holds the group). Set with the slot, cleared with it.
+internal::DefaultGroupContext& default_context_slot() {
+  static internal::DefaultGroupContext context; // guarded by default_group_mutex()
+  return context;
+}
+
+void set_default_context(std::shared_ptr<Store> store, std::string master_addr, Backend backend) {
+  auto& context = default_context_slot();
+  context.store = std::move(store);
+  context.master_addr = std::move(master_addr);
+  context.backend = backend;
+}
+
 // Note [Re-initialising on one port]
 // With env://, rank 0 serves a TCPStore on MASTER_PORT, and a program may
 // destroy the default group and create it again on the same port, as often
@@ -294,12 +309,15 @@ std::unique_ptr<EnvStore> connect_env_store(const WorldInfo& info, std::chrono::
   }
 }
 
-// A ProcessGroupMPI over MPI's whole world. `rank` and `world_size`, when
-// not -1, are what the caller expects MPI's world to be.
-std::shared_ptr<ProcessGroup> create_mpi_group(const InitOptions& options, int rank, int world_size) {
+// A ProcessGroupMPI over MPI's whole world, or over its ranks `mpi_ranks`
+// when not empty. `rank` and `world_size`, when not -1, are what the caller
+// expects the group's to be.
+std::shared_ptr<ProcessGroup> create_mpi_group(const InitOptions& options, int rank, int world_size,
+                                               const std::vector<int>& mpi_ranks = {}) {
   const std::string asked = options.backend() == Backend::kMpi ? "Backend::kMpi" : "DDP_BACKEND=mpi";
 #ifdef DDP_WITH_MPI
-  auto group = ProcessGroupMPI::create(ProcessGroupMPIOptions().timeout(options.timeout()));
+  auto group = ProcessGroupMPI::create(
+      ProcessGroupMPIOptions().timeout(options.timeout()).ranks(mpi_ranks));
   DDP_CHECK(rank < 0 || (group->rank() == rank && group->size() == world_size),
             "init_process_group: ", asked, ": the MPI backend's rank and world size are MPI's (rank ",
             group->rank(), " of ", group->size(), "), but rank ", rank, " of ", world_size,
@@ -315,12 +333,13 @@ std::shared_ptr<ProcessGroup> create_mpi_group(const InitOptions& options, int r
 }
 
 std::shared_ptr<ProcessGroup> create_group(std::shared_ptr<Store> store, int rank, int world_size,
-                                           const InitOptions& options, const std::string& master_addr) {
-  DDP_CHECK(store != nullptr, "init_process_group: the store is null");
+                                           const InitOptions& options, const std::string& master_addr,
+                                           const std::vector<int>& mpi_ranks = {}) {
   Backend backend = resolve_backend(options.backend());
   if (backend == Backend::kMpi) {
-    return create_mpi_group(options, rank, world_size); // MPI needs no store
+    return create_mpi_group(options, rank, world_size, mpi_ranks); // MPI needs no store
   }
+  DDP_CHECK(store != nullptr, "init_process_group: the store is null");
   const auto make_gloo = [&] {
     return ProcessGroupGloo::create(store, rank, world_size,
                                     ProcessGroupGlooOptions()
@@ -362,6 +381,27 @@ std::shared_ptr<ProcessGroup> create_group(std::shared_ptr<Store> store, int ran
 
 } // namespace
 
+namespace internal {
+
+DefaultGroupContext default_group_context(const char* op) {
+  std::lock_guard<std::mutex> lock(default_group_mutex());
+  DDP_CHECK(default_group_slot() != nullptr, op,
+            ": no default process group: call ddp::init_process_group() first; subgroups are "
+            "made of the default group's ranks and meet through its store");
+  DefaultGroupContext context = default_context_slot();
+  context.group = default_group_slot();
+  return context;
+}
+
+std::shared_ptr<ProcessGroup> create_backend_group(std::shared_ptr<Store> store, int rank,
+                                                   int world_size, const InitOptions& options,
+                                                   const std::string& master_addr,
+                                                   const std::vector<int>& mpi_ranks) {
+  return create_group(std::move(store), rank, world_size, options, master_addr, mpi_ranks);
+}
+
+} // namespace internal
+
 WorldInfo world_info_from_env() {
   using namespace internal;
   if (any_set({&kEnvRank, &kEnvWorldSize})) {
@@ -393,6 +433,7 @@ std::shared_ptr<ProcessGroup> init_process_group(const InitOptions& options) {
               "init_process_group: the default process group already exists; call "
               "ddp::destroy_process_group() before creating another");
     default_group_slot() = create_mpi_group(options, -1, -1);
+    set_default_context(nullptr, "", Backend::kMpi);
     return default_group_slot();
   }
   const WorldInfo info = world_info_from_env();
@@ -424,8 +465,8 @@ std::shared_ptr<ProcessGroup> init_process_group(const InitOptions& options) {
   DDP_CHECK(default_group_slot() == nullptr,
             "init_process_group: the default process group already exists; call "
             "ddp::destroy_process_group() before creating another");
-  default_group_slot() =
-      create_group(std::move(store), info.rank, info.world_size, options, info.master_addr);
+  default_group_slot() = create_group(store, info.rank, info.world_size, options, info.master_addr);
+  set_default_context(store, info.master_addr, resolve_backend(options.backend()));
   if (env_store != nullptr) {
     if (info.rank != 0) {
       // This rank is done with the rendezvous's keys: rank 0 may close the
@@ -443,7 +484,9 @@ std::shared_ptr<ProcessGroup> init_process_group(std::shared_ptr<Store> store, i
   DDP_CHECK(default_group_slot() == nullptr,
             "init_process_group: the default process group already exists; call "
             "ddp::destroy_process_group() before creating another");
-  default_group_slot() = create_group(std::move(store), rank, world_size, options, "");
+  default_group_slot() = create_group(store, rank, world_size, options, "");
+  set_default_context(resolve_backend(options.backend()) == Backend::kMpi ? nullptr : store, "",
+                      resolve_backend(options.backend()));
   return default_group_slot();
 }
 
@@ -453,12 +496,16 @@ std::shared_ptr<ProcessGroup> new_process_group(std::shared_ptr<Store> store, in
 }
 
 void destroy_process_group() {
+  // The subgroups first: they meet through the default group's store, which
+  // rank 0 stops serving below.
+  internal::destroy_subgroups();
   std::shared_ptr<ProcessGroup> group;
   std::unique_ptr<EnvStore> env_store;
   {
     std::lock_guard<std::mutex> lock(default_group_mutex());
     group.swap(default_group_slot());
     env_store.swap(env_store_slot());
+    default_context_slot() = internal::DefaultGroupContext();
   }
   // Outside the lock: operations issued without wait() finish first (each
   // by its deadline), even while someone else still holds the group. It is

@@ -13,6 +13,11 @@ ProcessGroup::ProcessGroup(int rank, int size, std::chrono::milliseconds timeout
             timeout.count(), " ms)");
 }
 
+ProcessGroup::ProcessGroup(NonMemberTag, int size, std::chrono::milliseconds timeout)
+    : rank_(-1), size_(size), timeout_(timeout) {
+  DDP_CHECK(size >= 1, "ProcessGroup: group size must be at least 1 (got ", size, ")");
+}
+
 ProcessGroup::~ProcessGroup() = default;
 
 void ProcessGroup::wait_for_pending_work() {}

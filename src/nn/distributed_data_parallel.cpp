@@ -12,7 +12,10 @@
 // Reducer counts such a parameter as ready but not used (its gradient
 // stays undefined), instead of waiting for it until the next forward
 // reports an unfinished reduction. Being reachable from some output (the
-// graph walk) is not the same as taking part in this backward.
+// graph walk) is not the same as taking part in this backward. With
+// static_graph, the outputs of the first synchronised iteration only pass
+// through it, as in PyTorch, and its backward queues the Reducer's delayed
+// reduction (Note [Delayed reduction] in src/reducer/static_graph.cpp).
 
 #include <ddp/nn/distributed_data_parallel.h>
 
@@ -28,6 +31,7 @@
 
 #include "internal/check.h"
 #include "internal/env.h"
+#include "internal/logging.h"
 #include "nn/state_sync.h"
 #include "reducer/reducer.h"
 
@@ -145,15 +149,34 @@ size_t mebibytes_to_bytes(double mb) {
   return static_cast<size_t>(mb * 1024.0 * 1024.0);
 }
 
+// The Reducer whose delayed reduction an OutputSink queues, held weakly (as
+// PyTorch's _DDPSink holds its module) so that a graph outliving the
+// DistributedDataParallel does not keep it alive. A capsule: the only way
+// an AutogradContext keeps a C++ object.
+struct DelayedReductionTarget : torch::CustomClassHolder {
+  explicit DelayedReductionTarget(std::weak_ptr<internal::Reducer> reducer)
+      : reducer(std::move(reducer)) {}
+  std::weak_ptr<internal::Reducer> reducer;
+};
+
+constexpr const char* kDelayedReductionKey = "delayed_reduction";
+
 // See Note [Outputs through one node]. Copies, as PyTorch's does: an output
 // that aliased its input would be a view made by a custom function, which
 // autograd forbids modifying in place.
 struct OutputSink : torch::autograd::Function<OutputSink> {
   // `outputs` as a TensorList: the custom Function machinery takes a
   // std::vector argument for a non-tensor, and would not track it.
+  // `delayed`: the Reducer to start the delayed reduction of in backward,
+  // or empty.
   static torch::autograd::variable_list forward(torch::autograd::AutogradContext* context,
-                                                at::TensorList outputs) {
+                                                at::TensorList outputs,
+                                                std::weak_ptr<internal::Reducer> delayed) {
     context->set_materialize_grads(false); // an unused output's gradient stays undefined
+    if (!delayed.expired()) {
+      context->saved_data[kDelayedReductionKey] =
+          c10::IValue::make_capsule(c10::make_intrusive<DelayedReductionTarget>(delayed));
+    }
     torch::autograd::variable_list copies;
     copies.reserve(outputs.size());
     for (const auto& output : outputs) {
@@ -162,9 +185,19 @@ struct OutputSink : torch::autograd::Function<OutputSink> {
     return copies;
   }
 
-  // Runs on the autograd engine thread.
-  static torch::autograd::variable_list backward(torch::autograd::AutogradContext* /*context*/,
+  // Runs on the autograd engine thread, in the outermost backward, before
+  // any gradient accumulator of the forward it ends.
+  static torch::autograd::variable_list backward(torch::autograd::AutogradContext* context,
                                                  torch::autograd::variable_list gradients) {
+    const auto found = context->saved_data.find(kDelayedReductionKey);
+    if (found != context->saved_data.end()) {
+      const auto target = c10::static_intrusive_pointer_cast<DelayedReductionTarget>(
+          found->second.toCapsule());
+      if (auto reducer = target->reducer.lock()) {
+        reducer->queue_delayed_reduction();
+      }
+    }
+    gradients.emplace_back(); // for `delayed`, not a tensor
     return gradients;
   }
 };
@@ -208,6 +241,11 @@ DistributedDataParallelImpl::DistributedDataParallelImpl(detail::Forwarder forwa
               "group with DistributedDataParallelOptions().process_group(group).");
     group_ = default_process_group();
   }
+  DDP_CHECK(group_->rank() >= 0,
+            "DistributedDataParallel: this process is not a member of the process group passed "
+            "in process_group() (a handle that ddp::new_group gives the ranks outside the group, "
+            "of size ", group_->size(), "); construct DistributedDataParallel only on the "
+            "group's members (ddp::is_member(group))");
   const std::string prefix = who(*group_);
   DDP_CHECK(options_.bucket_cap_mb() > 0, prefix, ": bucket_cap_mb must be positive (got ",
             options_.bucket_cap_mb(), ")");
@@ -291,9 +329,17 @@ DistributedDataParallelImpl::DistributedDataParallelImpl(detail::Forwarder forwa
   config.bucket_bytes = mebibytes_to_bytes(options_.bucket_cap_mb());
   config.find_unused_parameters = options_.find_unused_parameters();
   config.gradient_as_bucket_view = options_.gradient_as_bucket_view();
+  config.static_graph = options_.static_graph();
+  if (options_.static_graph() && options_.find_unused_parameters()) {
+    // As PyTorch, which warns too.
+    internal::log_warning(c10::str(
+        prefix, ": find_unused_parameters(true) has no effect with static_graph(true): the first "
+        "iteration finds the unused parameters, which must then stay the same in every "
+        "iteration"));
+  }
   config.print_insight = internal::env_get(internal::kEnvDebug).value_or("0") == "1";
   config.sparse_gradients = std::move(sparse_gradients);
-  reducer_ = std::make_unique<internal::Reducer>(std::move(parameters), std::move(names), group_,
+  reducer_ = std::make_shared<internal::Reducer>(std::move(parameters), std::move(names), group_,
                                                  config);
 }
 
@@ -328,10 +374,13 @@ void DistributedDataParallelImpl::post_forward(const std::vector<at::Tensor*>& o
     tensors.push_back(*output);
   }
   last_forward_synchronised_ = at::GradMode::is_enabled() && reducer_->require_sync();
+  // Before prepare_for_backward, which does not change it.
+  const bool first_static_iteration = reducer_->static_graph_first_iteration();
   if (at::GradMode::is_enabled()) {
     reducer_->prepare_for_backward(tensors);
   }
-  if (options_.find_unused_parameters() && at::GradMode::is_enabled()) {
+  const bool walks_graph = options_.find_unused_parameters() && !options_.static_graph();
+  if ((walks_graph || first_static_iteration) && at::GradMode::is_enabled()) {
     // See Note [Outputs through one node]. Tensors outside any graph (no
     // grad_fn) are left alone, as PyTorch does.
     std::vector<size_t> routed;
@@ -343,7 +392,11 @@ void DistributedDataParallelImpl::post_forward(const std::vector<at::Tensor*>& o
       }
     }
     if (!inputs.empty()) {
-      auto copies = OutputSink::apply(at::TensorList(inputs));
+      std::weak_ptr<internal::Reducer> delayed;
+      if (first_static_iteration) {
+        delayed = reducer_;
+      }
+      auto copies = OutputSink::apply(at::TensorList(inputs), delayed);
       for (size_t j = 0; j < routed.size(); ++j) {
         *outputs[routed[j]] = std::move(copies[j]);
       }

@@ -3,9 +3,11 @@
 ddp_add_part(ddp_nn
   src/reducer/bucket_assignment.cpp
   src/reducer/reducer.cpp
+  src/reducer/static_graph.cpp
   src/nn/state_sync.cpp
   src/nn/distributed_data_parallel.cpp
   src/nn/comm_hooks.cpp
+  src/nn/powersgd_hook.cpp
   src/nn/join.cpp
   src/nn/checkpoint.cpp
   src/nn/sync_batch_norm.cpp)

@@ -29,6 +29,8 @@
 // After the first iteration the buckets are rebuilt in the order gradients
 // actually became ready, using rank 0's order on every rank (broadcast).
 //
+// static_graph: see Note [Delayed reduction] in static_graph.cpp.
+//
 // Note [Sparse gradients]: the weight of an Embedding or EmbeddingBag with
 // sparse(true) gets a sparse COO gradient, which no flat buffer can hold.
 // As in PyTorch, such a variable has a bucket of its own (c10d's
@@ -60,6 +62,7 @@
 #include <torch/csrc/autograd/utils/lambda_post_hook.h>
 #include <torch/csrc/autograd/variable.h>
 
+#include <algorithm>
 #include <unordered_set>
 
 #include "internal/check.h"
@@ -103,6 +106,9 @@ Reducer::Reducer(std::vector<at::Tensor> parameters, std::vector<std::string> na
                       config_.sparse_gradients.size(), " sparse flags for ", n, " parameters");
   ready_.assign(n, false);
   used_since_sync_.assign(n, false);
+  hook_counts_.assign(n, 0);
+  last_hook_.assign(n, 0);
+  hooks_remaining_.assign(n, 0);
   usage_ = at::zeros({static_cast<int64_t>(n)}, at::TensorOptions(at::kInt).device(device_));
 
   initialize_buckets(compute_bucket_assignment_by_size(
@@ -255,19 +261,7 @@ void Reducer::set_comm_hook(CommHook hook) {
 void Reducer::prepare_for_forward() {
   std::lock_guard<std::mutex> lock(mutex_);
   if (state_ == State::kReducing || state_ == State::kFinalizing) {
-    std::vector<size_t> missing;
-    for (size_t i = 0; i < ready_.size(); ++i) {
-      if (!ready_[i]) {
-        missing.push_back(i);
-      }
-    }
-    const std::string message = c10::str(
-        who(), ": expected to have finished reduction in the prior iteration before starting a "
-        "new one. The previous backward produced no gradient for ",
-        missing.size(), " parameter(s): ", names_of(missing),
-        ". Either make every parameter take part in computing the loss on every rank, or "
-        "construct DistributedDataParallel with "
-        "DistributedDataParallelOptions().find_unused_parameters(true).");
+    const std::string message = unfinished_reduction_message();
     // Leave the reducer usable in case the caller handles the error.
     reset_iteration();
     throw_check_error(__func__, __FILE__, __LINE__, message);
@@ -278,10 +272,44 @@ void Reducer::prepare_for_forward() {
   rebuild_buckets_if_due();
 }
 
+std::string Reducer::unfinished_reduction_message() const {
+  std::vector<size_t> missing;
+  for (size_t i = 0; i < ready_.size(); ++i) {
+    if (!ready_[i]) {
+      missing.push_back(i);
+    }
+  }
+  if (config_.static_graph && iteration_ > 0) {
+    std::string counts;
+    for (size_t k = 0; k < missing.size(); ++k) {
+      const size_t i = missing[k];
+      counts += c10::str(k == 0 ? "" : ", ", names_[i], " (", hook_counts_[i] - hooks_remaining_[i],
+                         " of ", hook_counts_[i], ")");
+    }
+    return c10::str(
+        who(), ": expected to have finished reduction in the prior iteration before starting a "
+        "new one. With static_graph, every backward must bring each parameter as many gradients "
+        "as the first iteration did, but the previous one brought fewer to ",
+        missing.size(), " parameter(s): ", counts,
+        ". The training graph changed (a parameter went unused, or a layer ran fewer times); "
+        "static_graph requires the same graph in every iteration: construct "
+        "DistributedDataParallel without static_graph (and with find_unused_parameters(true) if "
+        "parameters go unused in some iterations).");
+  }
+  return c10::str(
+      who(), ": expected to have finished reduction in the prior iteration before starting a "
+      "new one. The previous backward produced no gradient for ",
+      missing.size(), " parameter(s): ", names_of(missing),
+      ". Either make every parameter take part in computing the loss on every rank, or "
+      "construct DistributedDataParallel with "
+      "DistributedDataParallelOptions().find_unused_parameters(true).");
+}
+
 void Reducer::rebuild_buckets_if_due() {
   // As PyTorch: once, after the first iteration, and not when unused
   // parameters may differ from one iteration to the next.
-  if (buckets_rebuilt_ || iteration_ < 1 || config_.find_unused_parameters) {
+  if (buckets_rebuilt_ || iteration_ < 1 ||
+      (config_.find_unused_parameters && !config_.static_graph)) {
     return;
   }
   buckets_rebuilt_ = true;
@@ -323,6 +351,14 @@ void Reducer::reset_iteration() {
   next_bucket_ = 0;
   unused_.clear();
   usage_work_.reset();
+  hooks_seen_ = 0;
+  hooks_remaining_ = hook_counts_;
+}
+
+bool Reducer::reduces_usage() const {
+  // A static graph's usage is reduced once (Note [Delayed reduction] in
+  // static_graph.cpp).
+  return config_.static_graph ? iteration_ == 0 : config_.find_unused_parameters;
 }
 
 void Reducer::prepare_for_backward(const std::vector<at::Tensor>& outputs) {
@@ -333,6 +369,17 @@ void Reducer::prepare_for_backward(const std::vector<at::Tensor>& outputs) {
   reset_iteration();
   state_ = State::kArmed;
   rehook_replaced_parameters();
+  if (config_.static_graph) {
+    // See Note [Delayed reduction]: counted afresh until an iteration
+    // finishes, then fixed.
+    if (iteration_ == 0) {
+      std::fill(hook_counts_.begin(), hook_counts_.end(), 0);
+      hooks_remaining_ = hook_counts_;
+    } else {
+      unused_ = static_unused_;
+    }
+    return;
+  }
   if (!config_.find_unused_parameters) {
     return;
   }
@@ -385,6 +432,18 @@ void Reducer::autograd_hook(size_t index) {
     // gradients just accumulate locally.
     return;
   }
+  if (config_.static_graph && iteration_ == 0) {
+    // Only count (Note [Delayed reduction] in static_graph.cpp). The
+    // output sink has queued the reduction, unless the outputs held no
+    // tensor it could see; then this hook queues it, which is right unless
+    // it runs in a nested backward.
+    if (state_ == State::kArmed) {
+      queue_delayed_reduction_locked();
+    }
+    ++hook_counts_[index];
+    last_hook_[index] = hooks_seen_++;
+    return;
+  }
   if (state_ == State::kArmed) {
     state_ = State::kReducing;
     first_gradient_time_ = Clock::now();
@@ -392,7 +451,16 @@ void Reducer::autograd_hook(size_t index) {
       mark_variable_ready(unused);
     }
   }
+  if (config_.static_graph) {
+    check_static_graph_hook(index);
+    if (--hooks_remaining_[index] > 0) {
+      return; // more gradient to come for it in this backward
+    }
+  }
   mark_variable_ready(index);
+  if (state_ == State::kFinalizing) {
+    queue_finalize();
+  }
 }
 
 void Reducer::mark_variable_ready(size_t index) {
@@ -403,10 +471,12 @@ void Reducer::mark_variable_ready(size_t index) {
             "but it was used after all");
   DDP_CHECK(!ready_[index], who(), ": parameter '", names_[index],
             "' was marked ready twice in one iteration (two backward passes over one forward, a "
-            "parameter shared between modules, or a reentrant backward); DDP reduces each "
-            "gradient once per iteration");
+            "parameter shared between modules, or a reentrant backward such as a layer run "
+            "twice under activation checkpointing); DDP reduces each gradient once per "
+            "iteration. If the graph is the same in every iteration, construct "
+            "DistributedDataParallel with static_graph(true)");
   ready_[index] = true;
-  if (iteration_ == 0 && !shadowing_) {
+  if (iteration_ == 0 && !shadowing_ && !config_.static_graph) {
     ready_order_.push_back(index);
   }
   const auto& locator = locators_[index];
@@ -451,7 +521,7 @@ void Reducer::launch_ready_buckets() {
   if (next_bucket_ < buckets_.size()) {
     return;
   }
-  if (config_.find_unused_parameters) {
+  if (reduces_usage()) {
     auto usage = at::zeros({static_cast<int64_t>(used_since_sync_.size())}, at::kInt);
     if (!shadowing_) {
       auto* flags = usage.data_ptr<int>();
@@ -463,10 +533,11 @@ void Reducer::launch_ready_buckets() {
     usage_work_ = group_->size() > 1 ? group_->allreduce(usage_) : Work::completed({usage_});
   }
   state_ = State::kFinalizing;
-  if (shadowing_) {
-    return; // shadow_backward finalizes by itself
-  }
-  // Runs when the whole backward pass has finished, on the engine thread.
+}
+
+void Reducer::queue_finalize() {
+  // Runs when the backward pass that queued it has finished, on the engine
+  // thread.
   torch::autograd::Engine::get_default_engine().queue_callback([this] { finalize_backward(); });
 }
 
@@ -484,6 +555,10 @@ void Reducer::launch_bucket(size_t bucket_index, const at::Tensor& buffer) {
 
 void Reducer::finalize_backward() {
   std::lock_guard<std::mutex> lock(mutex_);
+  finalize_backward_guarded();
+}
+
+void Reducer::finalize_backward_guarded() {
   try {
     finalize_backward_locked();
   } catch (...) {
@@ -519,6 +594,11 @@ void Reducer::finalize_backward_locked() {
   if (usage_work_) {
     usage_work_->wait();
     global_usage = usage_.cpu();
+    if (config_.static_graph) {
+      static_usage_ = global_usage.clone(); // Note [Delayed reduction]: for good
+    }
+  } else if (config_.static_graph && static_usage_.defined()) {
+    global_usage = static_usage_;
   }
   const double comm_wait_ms = ms_between(wait_start, Clock::now());
 
@@ -595,7 +675,7 @@ void Reducer::shadow_backward() {
   }
   next_bucket_ = buckets_.size();
   std::fill(ready_.begin(), ready_.end(), true);
-  if (config_.find_unused_parameters) {
+  if (reduces_usage()) {
     // As PyTorch's joined ranks: `usage_` still holds the usage sums of the
     // last synchronised step, and this rank sends them again, so that a
     // parameter that some rank used then counts as used now (the ranks

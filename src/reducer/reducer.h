@@ -26,6 +26,9 @@ struct ReducerConfig {
   size_t bucket_bytes = 25 << 20;
   bool find_unused_parameters = false;
   bool gradient_as_bucket_view = false;
+  // See Note [Delayed reduction] in static_graph.cpp. Overrides
+  // find_unused_parameters, as in PyTorch.
+  bool static_graph = false;
   bool print_insight = false; // DDP_DEBUG=1, on rank 0
   // Per parameter, or empty for none: its gradient is sparse (see Note
   // [Sparse gradients] in reducer.cpp).
@@ -33,7 +36,8 @@ struct ReducerConfig {
 };
 
 // Thread-safety: the training thread calls the public methods; the autograd
-// engine calls `autograd_hook` and `finalize_backward` on its thread during
+// engine calls `autograd_hook`, `queue_delayed_reduction`,
+// `delayed_reduction` and `finalize_backward` on its thread during
 // backward. All shared state is guarded by `mutex_`.
 class Reducer {
  public:
@@ -54,6 +58,16 @@ class Reducer {
   // End of a forward with gradients enabled: arms the hooks for the coming
   // backward; with find_unused_parameters, walks the graph from `outputs`.
   void prepare_for_backward(const std::vector<at::Tensor>& outputs);
+
+  // Whether the coming backward is the first synchronised one of a static
+  // graph, whose outputs must then pass through DistributedDataParallel's
+  // output sink (Note [Delayed reduction] in static_graph.cpp).
+  bool static_graph_first_iteration() const;
+
+  // The output sink's backward, on the autograd engine thread, at the start
+  // of the first static_graph backward: queues the delayed reduction for
+  // the end of that backward (a no-op if it is queued already).
+  void queue_delayed_reduction();
 
   // Issues exactly the collectives of a synchronised backward, with zero
   // gradients and the usage sums of the last synchronised step, leaving
@@ -95,8 +109,9 @@ class Reducer {
 
   // Where an iteration is. kArmed: forward ran, no gradient yet; kReducing:
   // some gradients ready, buckets being launched; kFinalizing: all launched,
-  // finalize queued.
-  enum class State { kIdle, kArmed, kReducing, kFinalizing };
+  // finalize queued; kRecording: first static_graph backward, hooks only
+  // counted, the delayed reduction queued.
+  enum class State { kIdle, kArmed, kRecording, kReducing, kFinalizing };
 
   void autograd_hook(size_t index);
   void mark_variable_ready(size_t index);
@@ -106,7 +121,14 @@ class Reducer {
   void write_sparse_gradient(size_t index, const at::Tensor& reduced);
   static size_t bucket_bytes(const Bucket& bucket);
   void finalize_backward();
+  void finalize_backward_guarded(); // mutex_ held
   void finalize_backward_locked();
+  void delayed_reduction();
+  void queue_delayed_reduction_locked();
+  void queue_finalize();
+  bool reduces_usage() const;
+  void check_static_graph_hook(size_t index);
+  std::string unfinished_reduction_message() const;
   void initialize_buckets(const std::vector<std::vector<size_t>>& assignment);
   void rebuild_buckets_if_due();
   void install_hook(size_t index, std::shared_ptr<torch::autograd::Node> accumulator);
@@ -144,6 +166,14 @@ class Reducer {
                                           // a synchronised step, that step's sums over ranks
   std::shared_ptr<Work> usage_work_;
   bool shadowing_ = false;
+
+  // static_graph (Note [Delayed reduction]); all guarded by mutex_.
+  size_t hooks_seen_ = 0;                // this iteration, for the ready order
+  std::vector<size_t> hook_counts_;      // per variable: hooks per iteration, from the first
+  std::vector<size_t> last_hook_;        // first iteration: hooks_seen_ at its last hook
+  std::vector<size_t> hooks_remaining_;  // this iteration
+  std::vector<size_t> static_unused_;    // hook count 0 on this rank
+  at::Tensor static_usage_;              // the first iteration's usage sums over ranks (CPU)
 
   // Insight.
   std::chrono::steady_clock::time_point first_gradient_time_;

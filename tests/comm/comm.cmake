@@ -14,5 +14,28 @@ target_include_directories(ddp_collective_sweep PUBLIC ${PROJECT_SOURCE_DIR}/tes
 target_precompile_headers(ddp_collective_sweep REUSE_FROM ddp_test_pch)
 set_target_properties(ddp_collective_sweep PROPERTIES POSITION_INDEPENDENT_CODE OFF)
 
+# Subgroups (ddp::new_group): collectives on {0,1},{2,3} and {0,2},{1,3},
+# the non-member handle, bad and mismatched calls, and two DDP replica
+# groups in one job, each against one process; on 4 ranks under ddprun, and
+# alone. On MPI: tests/comm/mpi/mpi.cmake.
+add_executable(subgroups_main comm/subgroups_main.cpp)
+target_link_libraries(subgroups_main PRIVATE ddp torch GTest::gtest Threads::Threads) # gtest: the PCH's flags
+target_include_directories(subgroups_main PRIVATE ${PROJECT_SOURCE_DIR}/tests)
+target_precompile_headers(subgroups_main REUSE_FROM ddp_test_pch)
+set_target_properties(subgroups_main PROPERTIES POSITION_INDEPENDENT_CODE OFF)
+ddp_add_launched_test(subgroups_4_ranks NPROC 4 COMMAND subgroups_main TIMEOUT 180)
+# The replica groups against PyTorch's DDP over torch.distributed.new_group.
+# (The same cache entry as tests/nn/nn.cmake's, which is included later.)
+set(DDP_TEST_PYTHON "/usr/bin/python3" CACHE FILEPATH
+    "Python interpreter with torch, for the parity tests against PyTorch")
+add_test(NAME subgroups_pytorch_parity
+  COMMAND ${DDP_TEST_PYTHON} ${CMAKE_CURRENT_LIST_DIR}/pytorch_subgroups.py
+    --ddprun $<TARGET_FILE:ddprun> --ours $<TARGET_FILE:subgroups_main>
+    --python ${DDP_TEST_PYTHON} --workdir ${CMAKE_CURRENT_BINARY_DIR})
+set_tests_properties(subgroups_pytorch_parity PROPERTIES TIMEOUT 240 LABELS integration)
+add_test(NAME subgroups_alone COMMAND subgroups_main)
+set_tests_properties(subgroups_alone PROPERTIES TIMEOUT 60 LABELS integration
+  ENVIRONMENT_MODIFICATION "RANK=unset:;WORLD_SIZE=unset:;MASTER_ADDR=unset:;MASTER_PORT=unset:")
+
 include(comm/gloo/gloo.cmake)
 include(comm/mpi/mpi.cmake)

@@ -13,6 +13,12 @@
 #     epoch 2 (MNIST_TRAIN_TEST_CRASH); ddprun restarts the group, which
 #     resumes from epoch 1's checkpoint by itself and must end with the
 #     parameters and epoch-2 metrics of an uninterrupted run.
+#   run_mnist_train_test.sh DDPRUN MNIST_TRAIN WORK_DIR powersgd
+#     The accuracy run's settings with the default hook and with
+#     --comm-hook powersgd (rank 4, compressing from step 10 of 72, about 7
+#     times fewer bytes per step): PowerSGD's final test accuracy must be
+#     within 0.03 of the uncompressed run's (0.944 vs 0.946 seen), and it must
+#     have sent fewer bytes.
 #   run_mnist_train_test.sh DDPRUN MNIST_TRAIN WORK_DIR idx
 #     Reads a small data set in MNIST's IDX format with --data, and reports a
 #     truncated file clearly.
@@ -21,7 +27,7 @@
 set -eu
 
 if [ $# -ne 4 ]; then
-  echo "usage: $0 DDPRUN MNIST_TRAIN WORK_DIR accuracy|resume|restart|idx" >&2
+  echo "usage: $0 DDPRUN MNIST_TRAIN WORK_DIR accuracy|resume|restart|powersgd|idx" >&2
   exit 2
 fi
 ddprun=$1
@@ -145,6 +151,28 @@ case "$mode" in
     [ "$rows" = 2 ] || fail "expected 2 rows in the restarted run's CSV, found $rows"
     echo "OK: rank 1 killed in epoch 2, the group restarted and resumed; the parameters match an uninterrupted run (checksum $a)"
     ;;
+  powersgd)
+    common="--epochs 3 --train-size 3000 --test-size 500 --lr 0.03"
+    # shellcheck disable=SC2086 # $common is a list of flags
+    run plain $common --csv "$work/plain.csv"
+    # shellcheck disable=SC2086
+    run powersgd $common --csv "$work/powersgd.csv" --comm-hook powersgd --powersgd-rank 4 \
+      --powersgd-start-iter 10
+    grep -q 'communication hook powersgd: rank 4, plain for the first 10 steps' \
+      "$work/powersgd.log" || fail "mnist_train did not say that it uses PowerSGD"
+    line=$(grep 'powersgd: .* bytes allreduced' "$work/powersgd.log") ||
+      fail "no 'powersgd: ... bytes allreduced' line"
+    sent=$(echo "$line" | sed -n 's/.*(\([0-9]*\) per step; the default hook: \([0-9]*\) per step).*/\1 \2/p')
+    [ -n "$sent" ] || fail "cannot read the bytes per step in: $line"
+    # shellcheck disable=SC2086 # two numbers
+    set -- $sent
+    [ "$1" -lt "$2" ] || fail "PowerSGD sent $1 bytes per step, the default hook $2"
+    plain=$(csv_field "$work/plain.csv" 3 3)
+    compressed=$(csv_field "$work/powersgd.csv" 3 3)
+    awk -v p="$plain" -v c="$compressed" 'BEGIN { exit !(c >= p - 0.03) }' ||
+      fail "PowerSGD's test accuracy $compressed is more than 0.03 below the uncompressed $plain"
+    echo "OK: test accuracy $compressed with PowerSGD (rank 4), $plain uncompressed (margin 0.03); $1 bytes per step vs $2"
+    ;;
   idx)
     mkdir -p "$work/data"
     write_idx "$work/data" train 300
@@ -165,7 +193,7 @@ case "$mode" in
     echo "OK: read the IDX files; a truncated one is reported as: $(cat "$work/truncated.log")"
     ;;
   *)
-    echo "$0: unknown mode '$mode' (expected accuracy, resume, restart or idx)" >&2
+    echo "$0: unknown mode '$mode' (expected accuracy, resume, restart, powersgd or idx)" >&2
     exit 2
     ;;
 esac

@@ -14,6 +14,21 @@
 //     Under ddp::Join, rank 0 runs a step under no_sync() and the others do
 //     not: the forward must fail on every rank, saying that the ranks still
 //     training disagree on reducing gradients.
+//   build/ddprun --nproc-per-node 2 build/tests/ddp_errors_main static-graph-changed
+//     With static_graph, a layer unused in the first iteration is used in the
+//     second: that backward must fail naming the layer; then a layer used in
+//     the first iteration goes unused in the second: the next forward must
+//     fail naming it with its gradient counts. Each with one bucket and with
+//     one per layer.
+//   build/ddprun --nproc-per-node 2 build/tests/ddp_errors_main static-graph-changed-one-rank
+//     As the first case of static-graph-changed, on rank 0 only: rank 0's
+//     backward must fail at once; the other ranks, waiting for collectives
+//     that rank 0 never issues, must fail too (a communication error) within
+//     the group's timeout, set to 10 s here, instead of hanging.
+//   build/ddprun --nproc-per-node 2 build/tests/ddp_errors_main reused-parameter
+//     Without static_graph, a layer run twice under reentrant checkpoints
+//     (its hook fires twice in one backward): the backward must fail naming
+//     the layer and suggesting static_graph, as PyTorch's does.
 // Each rank prints "expected error: ..." and exits 0, or says what went wrong
 // and exits 1.
 
@@ -21,6 +36,7 @@
 
 #include <algorithm>
 #include <cctype>
+#include <chrono>
 #include <cstdio>
 #include <exception>
 #include <string>
@@ -29,6 +45,7 @@
 #include <ddp/ddp.h>
 
 #include "nn/closed_form.h"
+#include "nn/static_graph_models.h"
 
 namespace {
 
@@ -125,12 +142,171 @@ int join_disagree(ddp::ProcessGroup& group) {
   return 1;
 }
 
+// `extra` is used when the caller says so.
+struct SwitchNetImpl : torch::nn::Module {
+  SwitchNetImpl()
+      : fc1(register_module("fc1", torch::nn::Linear(ddp_test::kIn, ddp_test::kHidden))),
+        extra(register_module("extra", torch::nn::Linear(ddp_test::kHidden, ddp_test::kHidden))),
+        fc2(register_module("fc2", torch::nn::Linear(ddp_test::kHidden, ddp_test::kOut))) {}
+
+  torch::Tensor forward(torch::Tensor x, bool use_extra) {
+    auto h = torch::relu(fc1(x));
+    if (use_extra) {
+      h = h + torch::tanh(extra(h));
+    }
+    return fc2(h);
+  }
+
+  torch::nn::Linear fc1, extra, fc2;
+};
+TORCH_MODULE(SwitchNet);
+
+const ddp::DistributedDataParallelOptions kTinyBuckets =
+    ddp::DistributedDataParallelOptions().first_bucket_cap_mb(0.0001).bucket_cap_mb(0.0001);
+
+// One synchronised step with `extra` used or not; false (with the error
+// printed) if it throws.
+bool step_ok(ddp::ProcessGroup& group, SwitchNet& net, ddp::DistributedDataParallel& model,
+             bool use_extra, const char* what) {
+  auto [x, y] = ddp_test::rank_batch(0, group.rank(), group.size());
+  try {
+    net->zero_grad();
+    torch::mse_loss(model(x, use_extra), y).backward();
+    return true;
+  } catch (const std::exception& e) {
+    std::printf("FAILED: %s failed: %s\n", what, e.what());
+    return false;
+  }
+}
+
+// A layer unused in the first iteration is used in the second.
+int static_graph_grows(ddp::ProcessGroup& group, const char* bucket_sizes,
+                       ddp::DistributedDataParallelOptions options) {
+  std::printf("static_graph, extra used from the second iteration, buckets %s:\n", bucket_sizes);
+  SwitchNet net;
+  ddp_test::init_closed_form(*net);
+  ddp::DistributedDataParallel model(net, options.static_graph(true));
+  if (!step_ok(group, net, model, false, "the first iteration (extra unused)")) {
+    return 1;
+  }
+  auto [x, y] = ddp_test::rank_batch(1, group.rank(), group.size());
+  try {
+    torch::mse_loss(model(x, true), y).backward();
+  } catch (const c10::Error& e) {
+    return expect_message(e.what(), {"[rank " + std::to_string(group.rank()) + "/",
+                                     "static_graph", "parameter 'extra.",
+                                     "got gradient number 1 in this backward, but the first "
+                                     "iteration gave it 0",
+                                     "training graph changed"});
+  }
+  std::printf("FAILED: a backward that used a parameter unused in the first static_graph "
+              "iteration did not fail\n");
+  return 1;
+}
+
+// A layer used in the first iteration goes unused in the second.
+int static_graph_shrinks(ddp::ProcessGroup& group, const char* bucket_sizes,
+                         ddp::DistributedDataParallelOptions options) {
+  std::printf("static_graph, extra unused from the second iteration, buckets %s:\n", bucket_sizes);
+  SwitchNet net;
+  ddp_test::init_closed_form(*net);
+  ddp::DistributedDataParallel model(net, options.static_graph(true));
+  if (!step_ok(group, net, model, true, "the first iteration (extra used)") ||
+      !step_ok(group, net, model, false,
+               "the second iteration (extra unused; the error belongs to the next forward)")) {
+    return 1;
+  }
+  auto [x, y] = ddp_test::rank_batch(2, group.rank(), group.size());
+  try {
+    auto output = model(x, true);
+  } catch (const c10::Error& e) {
+    return expect_message(e.what(), {"[rank " + std::to_string(group.rank()) + "/",
+                                     "expected to have finished reduction in the prior iteration",
+                                     "static_graph", "extra.weight (0 of 1)", "extra.bias (0 of 1)",
+                                     "training graph changed"});
+  }
+  std::printf("FAILED: the forward after a static_graph iteration that left a parameter without "
+              "its gradient did not fail\n");
+  return 1;
+}
+
+int static_graph_changed(ddp::ProcessGroup& group) {
+  int status = static_graph_grows(group, "default", {});
+  status |= static_graph_grows(group, "tiny", kTinyBuckets);
+  status |= static_graph_shrinks(group, "default", {});
+  status |= static_graph_shrinks(group, "tiny", kTinyBuckets);
+  return status;
+}
+
+constexpr std::chrono::milliseconds kShortTimeout{10000};
+
+// Only rank 0's graph changes.
+int static_graph_changed_on_one_rank(ddp::ProcessGroup& group) {
+  SwitchNet net;
+  ddp_test::init_closed_form(*net);
+  ddp::DistributedDataParallel model(net, ddp::DistributedDataParallelOptions().static_graph(true));
+  if (!step_ok(group, net, model, false, "the first iteration (extra unused)")) {
+    return 1;
+  }
+  auto [x, y] = ddp_test::rank_batch(1, group.rank(), group.size());
+  const auto start = std::chrono::steady_clock::now();
+  try {
+    torch::mse_loss(model(x, group.rank() == 0), y).backward();
+  } catch (const c10::Error& e) {
+    if (group.rank() == 0) {
+      return expect_message(e.what(), {"[rank 0/", "static_graph", "parameter 'extra.",
+                                       "training graph changed"});
+    }
+    std::printf("FAILED: rank %d, whose graph did not change, got a usage error: %s\n",
+                group.rank(), e.what());
+    return 1;
+  } catch (const std::exception& e) {
+    const auto waited = std::chrono::duration_cast<std::chrono::milliseconds>(
+        std::chrono::steady_clock::now() - start);
+    if (group.rank() == 0) {
+      std::printf("FAILED: rank 0 got a communication error instead of the usage error: %s\n",
+                  e.what());
+      return 1;
+    }
+    if (waited > kShortTimeout + std::chrono::seconds(10)) {
+      std::printf("FAILED: rank %d's error came after %lld ms, beyond the %lld ms timeout: %s\n",
+                  group.rank(), static_cast<long long>(waited.count()),
+                  static_cast<long long>(kShortTimeout.count()), e.what());
+      return 1;
+    }
+    std::printf("expected error after %lld ms: %s\n", static_cast<long long>(waited.count()),
+                first_line(e.what()).c_str());
+    return 0;
+  }
+  std::printf("FAILED: rank %d's backward did not fail\n", group.rank());
+  return 1;
+}
+
+// Without static_graph, a layer whose hook fires twice in one backward.
+int reused_parameter(ddp::ProcessGroup& group) {
+  ddp_test::TwiceNet net;
+  ddp_test::init_closed_form(*net);
+  ddp::DistributedDataParallel model(net);
+  auto [x, y] = ddp_test::rank_batch(0, group.rank(), group.size());
+  try {
+    torch::mse_loss(model(x), y).backward();
+  } catch (const c10::Error& e) {
+    return expect_message(e.what(), {"[rank " + std::to_string(group.rank()) + "/",
+                                     "parameter 'shared.", "marked ready twice",
+                                     "static_graph(true)"});
+  }
+  std::printf("FAILED: a parameter whose hook fired twice without static_graph was not reported\n");
+  return 1;
+}
+
 } // namespace
 
 int main(int argc, char** argv) {
   const std::string which = argc > 1 ? argv[1] : "";
   try {
-    auto group = ddp::init_process_group();
+    auto group = ddp::init_process_group(
+        which == "static-graph-changed-one-rank" ? ddp::InitOptions().timeout(kShortTimeout)
+                                                 : ddp::InitOptions());
     int status = 1;
     if (which == "models-differ") {
       status = models_differ(*group);
@@ -143,8 +319,16 @@ int main(int argc, char** argv) {
           ddp::DistributedDataParallelOptions().first_bucket_cap_mb(0.0001).bucket_cap_mb(0.0001));
     } else if (which == "join-disagree") {
       status = join_disagree(*group);
+    } else if (which == "static-graph-changed") {
+      status = static_graph_changed(*group);
+    } else if (which == "static-graph-changed-one-rank") {
+      status = static_graph_changed_on_one_rank(*group);
+    } else if (which == "reused-parameter") {
+      status = reused_parameter(*group);
     } else {
-      std::fprintf(stderr, "usage: ddp_errors_main models-differ|unused-parameter|join-disagree\n");
+      std::fprintf(stderr,
+                   "usage: ddp_errors_main models-differ|unused-parameter|join-disagree|"
+                   "static-graph-changed|static-graph-changed-one-rank|reused-parameter\n");
       return 2;
     }
     ddp::destroy_process_group();

@@ -33,6 +33,7 @@
 
 #include "nn/closed_form.h"
 #include "nn/rank_checks.h"
+#include "nn/static_graph_models.h"
 
 namespace {
 
@@ -521,6 +522,63 @@ void rebuilt_layout(Report& report) {
   report.end_case();
 }
 
+// ---- static_graph: hooks counted in the first iteration, reduced after it
+
+// TwiceNet: `shared` runs twice per forward, under reentrant checkpoints
+// (its hooks fire twice per backward) or without (once).
+void parity_static_twice(Report& report, const BucketSize& size, bool as_view, bool checkpointed) {
+  report.begin_case(std::string("parity static_graph layer run twice") +
+                    (checkpointed ? " under checkpoints" : "") + " buckets=" + size.name +
+                    " view=" + on_off(as_view));
+  ddp_test::TwiceNet initial(checkpointed);
+  ddp_test::init_closed_form(*initial);
+  ddp_test::TwiceNet reference(checkpointed);
+  ddp_test::init_closed_form(*reference);
+  ddp_test::TwiceNet net(checkpointed);
+  ddp_test::init_closed_form(*net);
+  ddp::DistributedDataParallel model(
+      net, options_for(size).gradient_as_bucket_view(as_view).static_graph(true));
+  train_both(reference, model);
+  expect_parity(report, *net, *reference, *initial, kTolerance);
+  const auto layout = model->bucket_layout();
+  report.expect(covers_each_once(layout, parameter_names(*net)),
+                "the rebuilt layout " + join_names(flatten_names(layout)) +
+                    " does not hold every parameter once");
+  report.note(std::to_string(layout.size()) + " buckets: " + join_names(flatten_names(layout)));
+  report.end_case();
+}
+
+// BranchNet's `extra`, never used: found unused in the first iteration and
+// marked ready without a graph walk after it; its gradient stays undefined.
+void parity_static_unused(Report& report, const BucketSize& size, bool as_view) {
+  report.begin_case(std::string("parity static_graph unused layer buckets=") + size.name +
+                    " view=" + on_off(as_view));
+  BranchNet initial;
+  ddp_test::init_closed_form(*initial);
+  BranchNet reference;
+  ddp_test::init_closed_form(*reference);
+  BranchNet net;
+  ddp_test::init_closed_form(*net);
+  ddp::DistributedDataParallel model(
+      net, options_for(size).gradient_as_bucket_view(as_view).static_graph(true));
+  train_both(reference, model);
+  expect_parity(report, *net, *reference, *initial, kTolerance);
+  for (const auto& p : net->extra->named_parameters()) {
+    report.expect(torch::equal(p.value(), initial->extra->named_parameters()[p.key()]),
+                  "the unused extra." + p.key() + " changed");
+    report.expect(!p.value().grad().defined(),
+                  "the unused extra." + p.key() + " has a gradient; it should stay undefined");
+  }
+  // Rebuilt after the first iteration: the unused layer's bucket first,
+  // since it is ready at the first hook.
+  const auto layout = model->bucket_layout();
+  report.expect(!layout.empty() && !layout.front().parameter_names.empty() &&
+                    layout.front().parameter_names.front().rfind("extra.", 0) == 0,
+                "the rebuilt layout " + join_names(flatten_names(layout)) +
+                    " does not start with the unused extra's parameters");
+  report.end_case();
+}
+
 } // namespace
 
 int main() {
@@ -551,6 +609,11 @@ int main() {
     construction_broadcast(report);
     layout_and_overlap(report);
     rebuilt_layout(report);
+    parity_static_twice(report, kTiny, false, true);
+    parity_static_twice(report, kDefault, true, true);
+    parity_static_twice(report, kDefault, false, false);
+    parity_static_unused(report, kTiny, true);
+    parity_static_unused(report, kHuge, false);
 
     const int status = report.finish();
     ddp::destroy_process_group();

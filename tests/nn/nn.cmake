@@ -23,6 +23,9 @@ ddp_add_gtest(distributed_data_parallel_test SOURCES nn/distributed_data_paralle
 ddp_add_gtest(sync_batch_norm_test SOURCES nn/sync_batch_norm_test.cpp LIBS ddp_testing
   TIMEOUT 60)
 
+# The PowerSGD hook on hand-made buckets over a fake group: collective
+# order, errors, reconstruction, world-size division, error feedback.
+ddp_add_gtest(powersgd_hook_test SOURCES nn/powersgd_hook_test.cpp LIBS ddp_testing TIMEOUT 60)
 # A DDP program that the nn tests launch. GTest::gtest is not used by the
 # programs, but its compile definitions must match the shared precompiled
 # header's for the compiler to accept it (Torch's headers dominate compile
@@ -36,7 +39,7 @@ function(ddp_add_nn_program name)
 endfunction()
 
 # Parity with one process (and no_sync, comm hooks, broadcast_buffers, the
-# broadcast at construction, bucket layout and overlap) on 2 and 3 ranks,
+# broadcast at construction, bucket layout and overlap, static_graph) on 2 and 3 ranks,
 # and alone: a world of size 1 with no launcher must match plain training.
 ddp_add_nn_program(ddp_parity_main nn/ddp_parity_main.cpp)
 ddp_add_launched_test(ddp_parity_2_ranks NPROC 2 COMMAND ddp_parity_main TIMEOUT 90)
@@ -66,6 +69,14 @@ add_test(NAME ddp_sparse_alone COMMAND ddp_sparse_main)
 set_tests_properties(ddp_sparse_alone PROPERTIES TIMEOUT 60
   ENVIRONMENT_MODIFICATION "RANK=unset:;WORLD_SIZE=unset:;MASTER_ADDR=unset:;MASTER_PORT=unset:")
 
+# The PowerSGD communication hook on 2 and 3 ranks (and alone) against one
+# process running it on the whole batch; its bytes in closed form.
+ddp_add_nn_program(ddp_powersgd_main nn/powersgd_main.cpp)
+ddp_add_launched_test(ddp_powersgd_2_ranks NPROC 2 COMMAND ddp_powersgd_main TIMEOUT 90)
+ddp_add_launched_test(ddp_powersgd_3_ranks NPROC 3 COMMAND ddp_powersgd_main TIMEOUT 90)
+add_test(NAME ddp_powersgd_alone COMMAND ddp_powersgd_main)
+set_tests_properties(ddp_powersgd_alone PROPERTIES TIMEOUT 60
+  ENVIRONMENT_MODIFICATION "RANK=unset:;WORLD_SIZE=unset:;MASTER_ADDR=unset:;MASTER_PORT=unset:")
 # Errors on every rank, no hang: models that differ across ranks, a
 # parameter without a gradient when find_unused_parameters is off, and ranks
 # that disagree on no_sync() under Join (on 2 and 3 ranks).
@@ -78,6 +89,21 @@ ddp_add_launched_test(ddp_error_join_disagree_2_ranks NPROC 2 COMMAND ddp_errors
   ARGS join-disagree TIMEOUT 60)
 ddp_add_launched_test(ddp_error_join_disagree_3_ranks NPROC 3 COMMAND ddp_errors_main
   ARGS join-disagree TIMEOUT 60)
+# static_graph: a graph that changes after the first iteration (a layer
+# that starts or stops being used) fails on every rank, on 2 and 3 ranks;
+# when it changes on rank 0 only, the others fail within the group's
+# timeout; without static_graph, a layer whose hook fires twice in one
+# backward (reentrant checkpoints) fails as PyTorch's does.
+ddp_add_launched_test(ddp_error_static_graph_changed_2_ranks NPROC 2 COMMAND ddp_errors_main
+  ARGS static-graph-changed TIMEOUT 60)
+ddp_add_launched_test(ddp_error_static_graph_changed_3_ranks NPROC 3 COMMAND ddp_errors_main
+  ARGS static-graph-changed TIMEOUT 60)
+ddp_add_launched_test(ddp_error_static_graph_changed_one_rank_2_ranks NPROC 2
+  COMMAND ddp_errors_main ARGS static-graph-changed-one-rank TIMEOUT 60)
+ddp_add_launched_test(ddp_error_static_graph_changed_one_rank_3_ranks NPROC 3
+  COMMAND ddp_errors_main ARGS static-graph-changed-one-rank TIMEOUT 60)
+ddp_add_launched_test(ddp_error_reused_parameter NPROC 2 COMMAND ddp_errors_main
+  ARGS reused-parameter TIMEOUT 60)
 
 # Join with uneven inputs, and checkpoints: save on all ranks, load back,
 # and load the file in a plain LibTorch process without ddp

@@ -15,9 +15,10 @@
 // Exits 1 on an unexpected error. With CONFIGURATION names, runs only those.
 //
 // The configurations (each function below says what it checks), in the
-// reference's order: mlp, branch, unused_output, no_sync_buffers,
-// join_buffers, join_unused, no_parameters, frozen, two_forwards, embedding,
-// embedding_bag, sync_batch_norm, sync_batch_norm_uneven.
+// reference's order: mlp, powersgd_rank1, powersgd_rank2, branch,
+// unused_output, no_sync_buffers, join_buffers, join_unused, no_parameters,
+// frozen, two_forwards, embedding, embedding_bag, sync_batch_norm,
+// sync_batch_norm_uneven, static_twice, static_unused, static_join.
 
 #include <torch/torch.h>
 
@@ -33,6 +34,7 @@
 #include <ddp/ddp.h>
 
 #include "nn/closed_form.h"
+#include "nn/static_graph_models.h"
 
 namespace {
 
@@ -252,6 +254,18 @@ bool join_unused(const std::string& path) {
   return write_result(*net, path);
 }
 
+// static_join: join_unused with static_graph: each rank's graph is fixed
+// (rank 0 alone uses `extra`), and rank 0 joins first; the first
+// iteration's usage counts `extra` as used for good.
+bool static_join(const std::string& path) {
+  SwitchNet net;
+  ddp_test::init_closed_form(*net);
+  ddp::DistributedDataParallel model(net, ddp::DistributedDataParallelOptions().static_graph(true));
+  const bool use_extra = rank() == 0;
+  train_uneven(*net, model, [&](const torch::Tensor& x) { return model(x, use_extra); });
+  return write_result(*net, path);
+}
+
 // no_parameters, frozen: a module with nothing to train must be refused.
 template <typename Net>
 bool refused(Net net, const std::string& path) {
@@ -376,6 +390,29 @@ bool sync_batch_norm_uneven(const std::string& path) {
   return write_result(*net, path);
 }
 
+// powersgd_rank1, powersgd_rank2: the MLP with the PowerSGD hook at rank 1
+// and 2 (PyTorch's powerSGD_hook in the reference), start_powerSGD_iter 2:
+// two plain steps, then three compressed ones with error feedback and warm
+// start, from the random Q that PyTorch draws for seed 0. At rank 2 the last
+// layer (4 x 16) is not worth compressing and goes uncompressed.
+bool powersgd(int64_t matrix_rank, const std::string& path) {
+  auto net = ddp_test::make_mlp();
+  ddp_test::init_closed_form(*net);
+  ddp::DistributedDataParallel model(net);
+  model->register_comm_hook(ddp::comm_hooks::powerSGD(
+      std::make_shared<ddp::comm_hooks::PowerSGDState>(ddp::comm_hooks::PowerSGDOptions()
+                                                           .matrix_approximation_rank(matrix_rank)
+                                                           .start_powerSGD_iter(2))));
+  auto optimizer = make_sgd(model);
+  for (int step = 0; step < kSteps; ++step) {
+    auto [x, y] = ddp_test::rank_batch(step, rank(), world_size());
+    optimizer.zero_grad();
+    torch::mse_loss(model(x), y).backward();
+    optimizer.step();
+  }
+  return write_result(*net, path);
+}
+
 } // namespace
 
 int main(int argc, char** argv) {
@@ -389,6 +426,8 @@ int main(int argc, char** argv) {
   const std::vector<std::pair<std::string, Run>> configurations = {
       {"mlp",
        [](const std::string& path) { return train_and_write(ddp_test::make_mlp(), {}, path); }},
+      {"powersgd_rank1", [](const std::string& path) { return powersgd(1, path); }},
+      {"powersgd_rank2", [](const std::string& path) { return powersgd(2, path); }},
       {"branch",
        [](const std::string& path) {
          return train_and_write(ddp_test::BranchNet(),
@@ -413,6 +452,22 @@ int main(int argc, char** argv) {
        [](const std::string& path) { return train_tokens(ddp_test::EmbeddingBagNet(), path); }},
       {"sync_batch_norm", sync_batch_norm},
       {"sync_batch_norm_uneven", sync_batch_norm_uneven},
+      // static_graph: a layer run twice under reentrant checkpoints (its
+      // hooks fire twice per backward), and a layer never used.
+      {"static_twice",
+       [](const std::string& path) {
+         return train_and_write(ddp_test::TwiceNet(),
+                                ddp::DistributedDataParallelOptions().static_graph(true), path);
+       }},
+      {"static_unused",
+       [](const std::string& path) {
+         return train_and_write(ddp_test::BranchNet(),
+                                ddp::DistributedDataParallelOptions()
+                                    .static_graph(true)
+                                    .gradient_as_bucket_view(true),
+                                path);
+       }},
+      {"static_join", static_join},
   };
   try {
     ddp::init_process_group();

@@ -39,6 +39,17 @@ class RemoteError : public CommError {
   int peer_rank_;
 };
 
+/// The ranks called different collectives at the same point of their
+/// sequence: another collective, or the same one with another dtype, element
+/// count, reduce op or root. Raised on every rank that took part, before any
+/// data moved between the mismatched calls; the message names both calls:
+/// "[rank 1/2] allreduce #4: rank 0 called allreduce #4 with float32[1000]
+/// SUM, this rank float32[2000] SUM". See Note [Collective fingerprints].
+class CollectiveMismatchError : public CommError {
+ public:
+  explicit CollectiveMismatchError(const std::string& message) : CommError(message) {}
+};
+
 /// A local I/O failure: a socket or file operation returned an error, or a
 /// peer sent a message that does not parse.
 class IoError : public CommError {

@@ -48,7 +48,8 @@ class ProcessGroup {
   ProcessGroup(const ProcessGroup&) = delete;
   ProcessGroup& operator=(const ProcessGroup&) = delete;
 
-  /// This process's rank in [0, size()).
+  /// This process's rank in [0, size()); -1 in the handle that
+  /// `ddp::new_group` gives a process outside the group.
   int rank() const {
     return rank_;
   }
@@ -150,7 +151,7 @@ class ProcessGroup {
   static constexpr int kMonitoredBarrierTag = (1 << 30) + 17;
 
   /// Whether `allreduce` takes a sparse COO tensor on `device_type` (the
-  /// Gloo backend: CPU and CUDA). DistributedDataParallel asks at
+  /// Gloo and MPI backends: CPU and CUDA). DistributedDataParallel asks at
   /// construction, for a model with sparse gradients. Default: what the
   /// backend declared with `set_supports_sparse_allreduce` (false unless it
   /// did).
@@ -180,6 +181,11 @@ class ProcessGroup {
   std::string rank_prefix() const;
   /// The deadline to use: `requested` unless it is kUseGroupTimeout.
   std::chrono::milliseconds resolve_timeout(std::chrono::milliseconds requested) const;
+  /// For the handle that `ddp::new_group` gives a process outside the group
+  /// (see include/ddp/group.h): rank() is -1, as PyTorch's `get_rank(group)`
+  /// for a non-member, and size() is the group's size.
+  struct NonMemberTag {};
+  ProcessGroup(NonMemberTag, int size, std::chrono::milliseconds timeout);
   /// For a backend's constructor: `allreduce` takes sparse COO tensors on
   /// every device type it takes dense ones.
   void set_supports_sparse_allreduce(bool value) {

@@ -41,6 +41,12 @@ struct ProcessGroupMPIOptions {
   /// 4.1 runs more slowly on large buffers (docs/benchmarks.md). A negative
   /// value always uses MPI_Allreduce. Default: 8 MiB.
   TORCH_ARG(int64_t, ring_allreduce_min_bytes) = int64_t{8} << 20;
+  /// The ranks of MPI_COMM_WORLD that form the group, sorted ascending, this
+  /// process's among them: group rank r is world rank ranks[r] (a
+  /// communicator made with MPI_Comm_create_group, which only these ranks
+  /// call). Empty: every rank of the world. `ddp::new_group` sets it.
+  /// Default: empty.
+  TORCH_ARG(std::vector<int>, ranks) = {};
 };
 
 /// A ProcessGroup over MPI: one `MPI_Comm_dup` of `MPI_COMM_WORLD` per group.
@@ -83,9 +89,11 @@ class ProcessGroupMPI : public ProcessGroup {
   struct PrivateTag {};
 
  public:
-  /// Creates a group of every rank of the MPI job (initialising MPI when
-  /// this is the first). A collective: every rank must create its groups in
-  /// the same order. Throws `c10::Error` when the launcher started several
+  /// Creates a group of every rank of the MPI job, or of `options.ranks()`
+  /// (initialising MPI when this is the first). A collective of the group's
+  /// ranks: each must create its groups in the same order. Throws
+  /// `c10::Error` when `ranks` is not sorted, repeats a rank, names one
+  /// outside the world or leaves this process out. Throws `c10::Error` when the launcher started several
   /// processes that MPI does not see as one job (ddprun, torchrun), or when
   /// the MPI library lacks `MPI_THREAD_MULTIPLE`.
   static std::shared_ptr<ProcessGroupMPI> create(const ProcessGroupMPIOptions& options = {});

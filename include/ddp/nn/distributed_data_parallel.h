@@ -54,8 +54,11 @@ inline Forwarder make_forwarder(const torch::nn::ModuleHolder<torch::nn::Sequent
 ///                                             .find_unused_parameters(true));
 /// ```
 struct DistributedDataParallelOptions {
-  /// The group to reduce over. Default: nullptr, meaning the default group
-  /// of `ddp::init_process_group()`.
+  /// The group to reduce over: a subgroup from `ddp::new_group` makes an
+  /// independent replica group of its members (gradients averaged over them,
+  /// the initial state broadcast from its rank 0, i.e. global rank
+  /// sorted(ranks)[0]); it must not be a non-member's handle. Default:
+  /// nullptr, meaning the default group of `ddp::init_process_group()`.
   TORCH_ARG(std::shared_ptr<ProcessGroup>, process_group) = nullptr;
   /// Capacity of a gradient bucket in MiB. Default: 25.
   TORCH_ARG(double, bucket_cap_mb) = 25.0;
@@ -77,6 +80,16 @@ struct DistributedDataParallelOptions {
   /// Make each parameter's `grad()` a view into its bucket: no copy back after
   /// the allreduce, and less memory. Default: false.
   TORCH_ARG(bool, gradient_as_bucket_view) = false;
+  /// Promise that every iteration's graph is the first synchronised one's:
+  /// the same parameters get gradients, each from as many gradient hooks
+  /// (a layer run twice under activation checkpointing fires its hook twice).
+  /// The first iteration reduces once backward has ended, recording the
+  /// counts, the unused parameters and the order gradients became ready;
+  /// later ones reduce each parameter after its recorded count, mark the
+  /// unused ones ready without a graph walk, and use buckets rebuilt in the
+  /// recorded order. A graph that changes is an error. Overrides
+  /// find_unused_parameters. Default: false.
+  TORCH_ARG(bool, static_graph) = false;
   /// The devices of this process's replica, as in PyTorch: empty, or exactly
   /// one device, which must be the device of every parameter. Default: {}.
   TORCH_ARG(std::vector<c10::Device>, device_ids) = {};
@@ -264,7 +277,9 @@ class DistributedDataParallelImpl : public torch::nn::Module {
   DistributedDataParallelOptions options_;
   std::vector<at::Tensor> buffers_;
   c10::Device device_ = c10::Device(c10::kCPU);
-  std::unique_ptr<internal::Reducer> reducer_;
+  // Shared so that the first static_graph iteration's output sink can hold
+  // it weakly (Note [Delayed reduction] in src/reducer/static_graph.cpp).
+  std::shared_ptr<internal::Reducer> reducer_;
   // Non-owning: set by a live ddp::Join on this module, which unsets it
   // before it ends.
   Join* join_ = nullptr;

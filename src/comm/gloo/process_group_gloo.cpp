@@ -7,8 +7,10 @@
 // for the group's workers. They run tasks one at a time in queue order, which
 // is issue order, so every rank runs the same collectives
 // in the same order: the ProcessGroup contract turned into an execution
-// order. The sequence number becomes the Gloo tag of the task's messages and
-// names the task in errors.
+// order. The sequence number names the task in errors and, with a hash of
+// the call's fingerprint, becomes the Gloo tag of the task's messages; the
+// monitor thread turns a mismatch between ranks into an error (Note
+// [Collective fingerprints]).
 //
 // Every task calls one Gloo algorithm (a sparse allreduce: three allgathers,
 // Note [Sparse allreduce]) with the deadline of the call. When one
@@ -41,7 +43,9 @@
 #include <ddp/comm/error.h>
 
 #include "comm/collective_checks.h"
+#include "comm/fingerprint.h"
 #include "comm/gloo/gloo_api.h"
+#include "comm/gloo/gloo_exchange_allreduce.h"
 #include "comm/gloo/gloo_rendezvous.h"
 #include "comm/reduce_kernels.h"
 #include "internal/check.h"
@@ -259,15 +263,20 @@ void sparse_allreduce(const std::shared_ptr<gloo::Context>& context, const at::T
 
 // Everything that touches Gloo. See the narrative at the top of the file.
 //
-// Thread-safety: `enqueue` may be called from any thread; the worker thread
-// alone runs tasks and touches `context_` for collectives.
+// Thread-safety: `enqueue` may be called from any thread; the worker threads
+// alone run tasks and touch `context_` for collectives; the monitor thread
+// reads the running tasks under `mutex_` and talks to the store (Note
+// [Collective fingerprints]).
 class DDP_GLOO_HIDDEN ProcessGroupGloo::Impl {
  public:
   struct Task {
     std::shared_ptr<Work> work;
     std::chrono::milliseconds timeout;
-    std::function<std::vector<at::Tensor>(uint32_t tag, std::chrono::milliseconds timeout)> run;
-    uint64_t seq;
+    // Given the task's Gloo tag, deadline and Work name.
+    std::function<std::vector<at::Tensor>(uint32_t tag, std::chrono::milliseconds timeout,
+                                          const std::string& name)>
+        run;
+    internal::Fingerprint fingerprint; // its seq is the task's; see Note [Collective fingerprints]
     StreamFence fence; // See Note [Gloo and CUDA streams]
     // See Note [Two Gloo tasks at once].
     std::vector<const void*> storages;
@@ -281,6 +290,7 @@ class DDP_GLOO_HIDDEN ProcessGroupGloo::Impl {
     for (int i = 0; i < kWorkerThreads; ++i) {
       workers_.emplace_back([this] { run_worker(); });
     }
+    monitor_ = std::thread([this] { run_monitor(); });
   }
 
   ~Impl() {
@@ -289,26 +299,41 @@ class DDP_GLOO_HIDDEN ProcessGroupGloo::Impl {
       stop_ = true;
     }
     queue_cv_.notify_all();
+    monitor_cv_.notify_all();
     for (auto& worker : workers_) {
       worker.join();
     }
+    monitor_.join();
   }
 
   std::string who() const {
     return group_.rank_prefix();
   }
 
-  // Queues `run` as the next collective; returns its Work.
+  // Queues `run` as the next collective; returns its Work. `fingerprint`
+  // describes this rank's call (all but its sequence number, which is set
+  // here); see Note [Collective fingerprints].
   std::shared_ptr<Work> enqueue(
-      const char* op_name,
+      internal::Fingerprint fingerprint,
       std::chrono::milliseconds timeout,
       std::vector<at::Tensor> keep,
       std::function<std::vector<at::Tensor>(uint32_t, std::chrono::milliseconds)> run) {
+    return enqueue_named(std::move(fingerprint), timeout, std::move(keep),
+                         [run = std::move(run)](uint32_t tag, std::chrono::milliseconds timeout,
+                                                const std::string&) { return run(tag, timeout); });
+  }
+
+  // enqueue, for a task that also needs its Work's name.
+  std::shared_ptr<Work> enqueue_named(
+      internal::Fingerprint fingerprint,
+      std::chrono::milliseconds timeout,
+      std::vector<at::Tensor> keep,
+      std::function<std::vector<at::Tensor>(uint32_t, std::chrono::milliseconds, const std::string&)> run) {
     std::lock_guard<std::mutex> lock(mutex_);
-    DDP_CHECK(!stop_, who(), " ", op_name, ": the process group is being destroyed");
-    const uint64_t seq = next_seq_++;
-    auto work = Work::create(c10::str(who(), " ", op_name, " #", seq), timeout);
-    Task task{work, timeout, std::move(run), seq, StreamFence::record(keep), {}, false};
+    DDP_CHECK(!stop_, who(), " ", fingerprint.op, ": the process group is being destroyed");
+    fingerprint.seq = next_seq_++;
+    auto work = Work::create(c10::str(who(), " ", fingerprint.op, " #", fingerprint.seq), timeout);
+    Task task{work, timeout, std::move(run), std::move(fingerprint), StreamFence::record(keep), {}, false};
     for (const auto& t : keep) {
       if (t.defined() && t.is_sparse()) {
         // A sparse tensor has no storage of its own, and a sparse allreduce
@@ -336,7 +361,8 @@ class DDP_GLOO_HIDDEN ProcessGroupGloo::Impl {
                                              const at::Tensor& output, const at::Tensor& input,
                                              Algorithm algorithm) {
     auto context = context_;
-    return enqueue(op_name, timeout, {output, input},
+    internal::Fingerprint fingerprint{op_name, input.scalar_type(), input.numel()};
+    return enqueue(std::move(fingerprint), timeout, {output, input},
                    [output, input, context, algorithm](uint32_t tag, std::chrono::milliseconds timeout) {
                      Staging staging;
                      auto host_input = staging.in(input);
@@ -414,6 +440,8 @@ class DDP_GLOO_HIDDEN ProcessGroupGloo::Impl {
     // peer is still setting up (PyTorch's store-based barrier does the same).
     peer_addresses_ = internal::exchange_peer_addresses(*context_, *store_, prefix, group_.rank(),
                                                         group_.size(), timeout);
+    fingerprints_ = std::make_unique<internal::FingerprintExchange>(store_, prefix + "fp/", group_.rank(),
+                                                                   group_.size());
   }
 
   // The rank whose address `what` (a Gloo error message) names, or -1. With
@@ -449,6 +477,7 @@ class DDP_GLOO_HIDDEN ProcessGroupGloo::Impl {
         }
         task = std::move(queue_.front());
         queue_.pop_front();
+        running_tasks_.push_back({task.fingerprint, std::chrono::steady_clock::now()});
         ++running_;
         running_exclusive_ = running_exclusive_ || task.exclusive;
         running_storages_.insert(running_storages_.end(), task.storages.begin(), task.storages.end());
@@ -457,6 +486,10 @@ class DDP_GLOO_HIDDEN ProcessGroupGloo::Impl {
       {
         std::lock_guard<std::mutex> lock(mutex_);
         --running_;
+        running_tasks_.erase(std::find_if(running_tasks_.begin(), running_tasks_.end(), [&](const auto& r) {
+          return r.fingerprint.seq == task.fingerprint.seq;
+        }));
+        mismatches_.erase(task.fingerprint.seq);
         if (task.exclusive) {
           running_exclusive_ = false;
         }
@@ -505,7 +538,7 @@ class DDP_GLOO_HIDDEN ProcessGroupGloo::Impl {
     std::exception_ptr error;
     try {
       task.fence.wait();
-      auto outputs = task.run(static_cast<uint32_t>(task.seq), task.timeout);
+      auto outputs = task.run(internal::fingerprint_tag(task.fingerprint), task.timeout, task.work->name());
       task.work->set_result(std::move(outputs));
       return;
     } catch (const gloo::IoException& e) {
@@ -516,18 +549,60 @@ class DDP_GLOO_HIDDEN ProcessGroupGloo::Impl {
     } catch (const c10::Error&) {
       error = std::current_exception(); // misuse caught late; the group stays usable
     } catch (const std::exception& e) {
+      // gloo::EnforceNotMet among others: never let it reach std::terminate.
       error = convert_io_error(task, e.what());
+    } catch (...) {
+      error = convert_io_error(task, "an exception of unknown type");
     }
     task.work->set_error(error);
   }
 
+  // The mismatch that the monitor found for `fingerprint`'s collective, or
+  // else the one that comparing it with the store now shows (a peer that
+  // found it first has shut the connections down, which is how this task
+  // failed). Never throws.
+  std::optional<std::string> find_mismatch(const internal::Fingerprint& fingerprint) {
+    {
+      std::lock_guard<std::mutex> lock(mutex_);
+      const auto found = mismatches_.find(fingerprint.seq);
+      if (found != mismatches_.end()) {
+        return found->second;
+      }
+    }
+    if (group_.size() < 2) {
+      return std::nullopt;
+    }
+    try {
+      return fingerprints_->publish_and_compare(fingerprint);
+    } catch (const std::exception&) {
+      return std::nullopt; // the store is gone too: report the Gloo error alone
+    }
+  }
+
+  // ", ranks [2] had not reached allreduce #4" for a timeout, or "" when
+  // every rank had (as far as the store knows; see FingerprintExchange).
+  std::string missing_ranks_clause(const internal::Fingerprint& fingerprint) {
+    try {
+      const auto missing = fingerprints_->ranks_missing(fingerprint.seq);
+      if (missing.empty()) {
+        return "";
+      }
+      return c10::str("; rank(s) ", c10::ArrayRef<int>(missing), " had not reached ", fingerprint.op, " #",
+                      fingerprint.seq);
+    } catch (const std::exception&) {
+      return "";
+    }
+  }
+
   std::exception_ptr convert_io_error(const Task& task, const std::string& what) {
     std::exception_ptr error;
-    if (what.find("imed out") != std::string::npos) {
+    if (const auto mismatch = find_mismatch(task.fingerprint)) {
+      error = std::make_exception_ptr(CollectiveMismatchError(c10::str(task.work->name(), ": ", *mismatch)));
+    } else if (what.find("imed out") != std::string::npos) {
       error = std::make_exception_ptr(TimeoutError(c10::str(
           task.work->name(), ": timed out after ", task.timeout.count(),
           " ms waiting for a peer (a rank may be stuck, dead, or issuing collectives in a "
-          "different order). Gloo said: ", what)));
+          "different order)", missing_ranks_clause(task.fingerprint), ". Gloo said: ", what)));
     } else {
       // Gloo names the peer by its socket address.
       const int peer = peer_of(what);
@@ -544,6 +619,45 @@ class DDP_GLOO_HIDDEN ProcessGroupGloo::Impl {
       mark_broken(e.what());
     }
     return error;
+  }
+
+  // Note [Collective fingerprints] explains this thread. It wakes every
+  // kMonitorInterval and compares the fingerprint of every task that has run
+  // for kStallDelay or more with the other ranks'. Runs until the group stops.
+  void run_monitor() {
+    std::unique_lock<std::mutex> lock(mutex_);
+    while (!stop_) {
+      monitor_cv_.wait_for(lock, kMonitorInterval);
+      if (stop_ || group_.size() < 2) {
+        continue;
+      }
+      const auto now = std::chrono::steady_clock::now();
+      std::vector<internal::Fingerprint> stalled;
+      for (const auto& running : running_tasks_) {
+        if (now - running.start >= kStallDelay && mismatches_.count(running.fingerprint.seq) == 0) {
+          stalled.push_back(running.fingerprint);
+        }
+      }
+      lock.unlock();
+      for (const auto& fingerprint : stalled) {
+        std::optional<std::string> mismatch;
+        try {
+          mismatch = fingerprints_->publish_and_compare(fingerprint);
+        } catch (const std::exception&) {
+          // The store failed: the task ends at its own deadline instead.
+        }
+        if (mismatch) {
+          {
+            std::lock_guard<std::mutex> guard(mutex_);
+            mismatches_[fingerprint.seq] = *mismatch;
+          }
+          mark_broken(c10::str(who(), " ", fingerprint.op, " #", fingerprint.seq, ": ", *mismatch));
+          // The task waits for messages that will never come: end it now.
+          internal::shut_down_connections(peer_addresses_);
+        }
+      }
+      lock.lock();
+    }
   }
 
   void mark_broken(const std::string& message) {
@@ -579,6 +693,20 @@ class DDP_GLOO_HIDDEN ProcessGroupGloo::Impl {
 
   // The first failure's message; empty while the group is healthy.
   std::string broken_message_; // guarded by mutex_
+
+  // See Note [Collective fingerprints].
+  struct RunningTask {
+    internal::Fingerprint fingerprint;
+    std::chrono::steady_clock::time_point start;
+  };
+  static constexpr std::chrono::milliseconds kStallDelay{1000};
+  static constexpr std::chrono::milliseconds kMonitorInterval{250};
+  std::vector<RunningTask> running_tasks_; // guarded by mutex_
+  // The mismatch found for each running task's sequence number.
+  std::map<uint64_t, std::string> mismatches_; // guarded by mutex_
+  std::unique_ptr<internal::FingerprintExchange> fingerprints_; // set by connect
+  std::condition_variable monitor_cv_; // wakes the monitor when the group stops
+  std::thread monitor_;
 };
 
 namespace {
@@ -733,10 +861,14 @@ std::shared_ptr<Work> ProcessGroupGloo::allreduce_coalesced(
     internal::check_sparse_allreduce(tensors[0], options.op, who, kGlooRules);
     const at::Tensor tensor = tensors[0];
     auto context = impl_->context();
-    return impl_->enqueue(
-        "allreduce", resolve_timeout(options.timeout), tensors,
-        [tensor, who, context](uint32_t tag, std::chrono::milliseconds timeout) {
-          sparse_allreduce(context, tensor, c10::str(who, " #", tag), tag, timeout);
+    // Sizes that differ are the collective's own error, after which the group
+    // stays usable (Note [Sparse allreduce]); the dtype is not checked there.
+    internal::Fingerprint fingerprint{"allreduce", tensor.scalar_type(), internal::Fingerprint::kSparse,
+                                      options.op};
+    return impl_->enqueue_named(
+        std::move(fingerprint), resolve_timeout(options.timeout), tensors,
+        [tensor, context](uint32_t tag, std::chrono::milliseconds timeout, const std::string& name) {
+          sparse_allreduce(context, tensor, name, tag, timeout);
           return std::vector<at::Tensor>{tensor};
         });
   }
@@ -745,8 +877,13 @@ std::shared_ptr<Work> ProcessGroupGloo::allreduce_coalesced(
   const ReduceOp op = options.op;
   const int size = this->size();
   auto context = impl_->context();
+  int64_t numel = 0;
+  for (const auto& t : tensors) {
+    numel += t.numel();
+  }
+  internal::Fingerprint fingerprint{"allreduce", tensors[0].scalar_type(), numel, op};
   return impl_->enqueue(
-      "allreduce", resolve_timeout(options.timeout), tensors,
+      std::move(fingerprint), resolve_timeout(options.timeout), tensors,
       [tensors, kernel, op, size, context](uint32_t tag, std::chrono::milliseconds timeout) {
         Staging staging;
         // One tensor is reduced in place; several are packed into one buffer
@@ -762,12 +899,19 @@ std::shared_ptr<Work> ProcessGroupGloo::allreduce_coalesced(
           flat = staging.in(at::cat(views));
         }
         if (flat.numel() > 0) {
-          gloo::AllreduceOptions o(context);
-          set_output(o, flat);
-          o.setReduceFunction(kernel);
-          o.setTag(tag);
-          o.setTimeout(timeout);
-          gloo::allreduce(o);
+          if (internal::use_exchange_allreduce(flat.nbytes(), size)) {
+            // Small: one step instead of the ring's 2 (n - 1); Note
+            // [Exchange allreduce].
+            internal::exchange_allreduce(context, flat.data_ptr(), static_cast<size_t>(flat.numel()),
+                                         flat.nbytes(), kernel, tag, timeout);
+          } else {
+            gloo::AllreduceOptions o(context);
+            set_output(o, flat);
+            o.setReduceFunction(kernel);
+            o.setTag(tag);
+            o.setTimeout(timeout);
+            gloo::allreduce(o);
+          }
           if (op == ReduceOp::kAvg) {
             flat.div_(size);
           }
@@ -791,8 +935,9 @@ std::shared_ptr<Work> ProcessGroupGloo::broadcast(const at::Tensor& tensor,
   internal::check_rooted(tensor, options.root_rank, size(), who, kGlooRules);
   const int root = options.root_rank;
   auto context = impl_->context();
+  internal::Fingerprint fingerprint{"broadcast", tensor.scalar_type(), tensor.numel(), std::nullopt, root};
   return impl_->enqueue(
-      "broadcast", resolve_timeout(options.timeout), {tensor},
+      std::move(fingerprint), resolve_timeout(options.timeout), {tensor},
       [tensor, root, context](uint32_t tag, std::chrono::milliseconds timeout) {
         Staging staging;
         auto host = staging.in(tensor);
@@ -819,8 +964,9 @@ std::shared_ptr<Work> ProcessGroupGloo::reduce(const at::Tensor& tensor,
   const int size = this->size();
   const int rank = this->rank();
   auto context = impl_->context();
+  internal::Fingerprint fingerprint{"reduce", tensor.scalar_type(), tensor.numel(), op, root};
   return impl_->enqueue(
-      "reduce", resolve_timeout(options.timeout), {tensor},
+      std::move(fingerprint), resolve_timeout(options.timeout), {tensor},
       [tensor, kernel, root, op, size, rank, context](uint32_t tag, std::chrono::milliseconds timeout) {
         Staging staging;
         auto host = staging.in(tensor);
@@ -849,8 +995,9 @@ std::shared_ptr<Work> ProcessGroupGloo::allgather(const std::vector<at::Tensor>&
   auto context = impl_->context();
   std::vector<at::Tensor> keep(outputs);
   keep.push_back(input);
+  internal::Fingerprint fingerprint{"allgather", input.scalar_type(), input.numel()};
   return impl_->enqueue(
-      "allgather", resolve_timeout(options.timeout), keep,
+      std::move(fingerprint), resolve_timeout(options.timeout), keep,
       [outputs, input, context](uint32_t tag, std::chrono::milliseconds timeout) {
         Staging staging;
         auto host_input = staging.in(input);
@@ -891,8 +1038,9 @@ std::shared_ptr<Work> ProcessGroupGloo::gather(const std::vector<at::Tensor>& ou
   auto context = impl_->context();
   std::vector<at::Tensor> keep(outputs);
   keep.push_back(input);
+  internal::Fingerprint fingerprint{"gather", input.scalar_type(), input.numel(), std::nullopt, root};
   return impl_->enqueue(
-      "gather", resolve_timeout(options.timeout), keep,
+      std::move(fingerprint), resolve_timeout(options.timeout), keep,
       [outputs, input, root, size, is_root, context](uint32_t tag, std::chrono::milliseconds timeout) {
         Staging staging;
         auto host_input = staging.in(input);
@@ -928,8 +1076,9 @@ std::shared_ptr<Work> ProcessGroupGloo::scatter(const at::Tensor& output,
   auto context = impl_->context();
   std::vector<at::Tensor> keep(inputs);
   keep.push_back(output);
+  internal::Fingerprint fingerprint{"scatter", output.scalar_type(), output.numel(), std::nullopt, root};
   return impl_->enqueue(
-      "scatter", resolve_timeout(options.timeout), keep,
+      std::move(fingerprint), resolve_timeout(options.timeout), keep,
       [output, inputs, root, is_root, context](uint32_t tag, std::chrono::milliseconds timeout) {
         Staging staging;
         auto host_output = staging.in(output);
@@ -971,8 +1120,9 @@ std::shared_ptr<Work> ProcessGroupGloo::reduce_scatter(const at::Tensor& output,
   // Gloo has no typed reduce-scatter for every dtype: we allreduce the packed
   // inputs and keep our chunk. That moves twice the minimum bytes; NCCL has a
   // native one.
+  internal::Fingerprint fingerprint{"reduce_scatter", output.scalar_type(), output.numel(), op};
   return impl_->enqueue(
-      "reduce_scatter", resolve_timeout(options.timeout), keep,
+      std::move(fingerprint), resolve_timeout(options.timeout), keep,
       [output, inputs, kernel, op, size, rank, context](uint32_t tag, std::chrono::milliseconds timeout) {
         std::vector<at::Tensor> views;
         for (const auto& t : inputs) {
@@ -1006,7 +1156,7 @@ std::shared_ptr<Work> ProcessGroupGloo::alltoall(const at::Tensor& output, const
 std::shared_ptr<Work> ProcessGroupGloo::barrier(const BarrierOptions& options) {
   auto context = impl_->context();
   return impl_->enqueue(
-      "barrier", resolve_timeout(options.timeout), {},
+      internal::Fingerprint{"barrier"}, resolve_timeout(options.timeout), {},
       [context](uint32_t tag, std::chrono::milliseconds timeout) {
         gloo::BarrierOptions o(context);
         o.setTag(tag);

@@ -128,10 +128,26 @@ bool poll_request(MPI_Request* request, Clock::time_point deadline, const std::s
   }
 }
 
-MpiEngine::MpiEngine(std::string who, int size, EngineOptions options)
+MpiEngine::MpiEngine(std::string who, int size, EngineOptions options,
+                     const std::vector<int>& world_ranks)
     : who_(std::move(who)), size_(size), options_(options) {
-  check_mpi(MPI_Comm_dup(MPI_COMM_WORLD, &comm_), who_ + " ProcessGroupMPI: MPI_Comm_dup");
-  check_mpi(MPI_Comm_dup(MPI_COMM_WORLD, &p2p_comm_), who_ + " ProcessGroupMPI: MPI_Comm_dup");
+  if (world_ranks.empty()) {
+    check_mpi(MPI_Comm_dup(MPI_COMM_WORLD, &comm_), who_ + " ProcessGroupMPI: MPI_Comm_dup");
+  } else {
+    // Ranks sorted ascending: the new communicator's rank r is world rank
+    // world_ranks[r], the group rank ddp gives it.
+    MPI_Group world_group;
+    MPI_Group sub_group;
+    check_mpi(MPI_Comm_group(MPI_COMM_WORLD, &world_group), who_ + " ProcessGroupMPI: MPI_Comm_group");
+    check_mpi(MPI_Group_incl(world_group, static_cast<int>(world_ranks.size()), world_ranks.data(),
+                             &sub_group),
+              who_ + " ProcessGroupMPI: MPI_Group_incl");
+    const int rc = MPI_Comm_create_group(MPI_COMM_WORLD, sub_group, /*tag=*/0, &comm_);
+    MPI_Group_free(&sub_group);
+    MPI_Group_free(&world_group);
+    check_mpi(rc, who_ + " ProcessGroupMPI: MPI_Comm_create_group");
+  }
+  check_mpi(MPI_Comm_dup(comm_, &p2p_comm_), who_ + " ProcessGroupMPI: MPI_Comm_dup");
   // Errors come back as codes, which become CommErrors naming the operation,
   // instead of MPI's default of ending the job on the spot.
   MPI_Comm_set_errhandler(comm_, MPI_ERRORS_RETURN);
@@ -168,13 +184,15 @@ std::shared_ptr<Work> MpiEngine::failed_work(const std::string& name,
   return work;
 }
 
-std::shared_ptr<Work> MpiEngine::enqueue(const char* op_name, std::chrono::milliseconds timeout,
+std::shared_ptr<Work> MpiEngine::enqueue(Fingerprint fingerprint, std::chrono::milliseconds timeout,
                                          std::vector<at::Tensor> tensors, int64_t bytes,
                                          CollectiveFn run) {
   auto fence = StreamFence::record(tensors); // See host_staging.h
   std::unique_lock<std::mutex> lock(mutex_);
+  const std::string& op_name = fingerprint.op;
   DDP_CHECK(!stop_, who_, " ", op_name, ": the process group is being destroyed");
   const uint64_t seq = next_seq_++;
+  fingerprint.seq = seq;
   // A plain wait() must report the watchdog's TimeoutError, which says what
   // the group has become, not give up on its own first: it waits until a
   // while after the operation's deadline, which the watchdog enforces from
@@ -188,7 +206,8 @@ std::shared_ptr<Work> MpiEngine::enqueue(const char* op_name, std::chrono::milli
     return work;
   }
   work->keep_alive(tensors);
-  queue_.push_back(Task{work, timeout, std::move(run), std::move(fence), std::move(tensors), bytes});
+  queue_.push_back(Task{work, timeout, std::move(run), std::move(fence), std::move(tensors), bytes,
+                        std::move(fingerprint)});
   lock.unlock();
   queue_cv_.notify_one();
   return work;
@@ -274,14 +293,10 @@ void MpiEngine::run_task(Task& task) {
   bool group_failed = false;
   try {
     task.fence.wait();
-    if (size_ > 1 && options_.arrival_wait_min_bytes >= 0 &&
-        task.bytes >= options_.arrival_wait_min_bytes) {
-      // See Note [MPI arrival wait].
-      MPI_Request arrival = MPI_REQUEST_NULL;
-      check_mpi(MPI_Ibarrier(comm_, &arrival), "MPI_Ibarrier");
-      poll_request(&arrival, Clock::time_point::max(), "MPI_Ibarrier");
-    }
+    check_fingerprints(task);
     result = task.run(comm_);
+  } catch (const CollectiveMismatchError&) {
+    error = std::current_exception(); // every rank raised it, before any data moved
   } catch (const CommError& e) {
     // MPI failed ("MPI_Allreduce: <MPI's text>"): name the operation.
     error = std::make_exception_ptr(CommError(c10::str(name, ": ", e.what())));
@@ -313,6 +328,48 @@ void MpiEngine::run_task(Task& task) {
   } else {
     task.work->set_result(std::move(result));
   }
+}
+
+void MpiEngine::check_fingerprints(const Task& task) {
+  if (size_ < 2) {
+    return;
+  }
+  // (h, -h) reduced with MAX: (largest h, -smallest h).
+  const int64_t hash = task.fingerprint.hash63();
+  int64_t extremes[2] = {hash, -hash};
+  if (options_.arrival_wait_min_bytes >= 0 && task.bytes >= options_.arrival_wait_min_bytes) {
+    // See Note [MPI arrival wait]: the check is the wait.
+    MPI_Request arrival = MPI_REQUEST_NULL;
+    check_mpi(MPI_Iallreduce(MPI_IN_PLACE, extremes, 2, MPI_INT64_T, MPI_MAX, comm_, &arrival),
+              "MPI_Iallreduce (fingerprint check)");
+    poll_request(&arrival, Clock::time_point::max(), "MPI_Iallreduce (fingerprint check)");
+  } else {
+    check_mpi(MPI_Allreduce(MPI_IN_PLACE, extremes, 2, MPI_INT64_T, MPI_MAX, comm_),
+              "MPI_Allreduce (fingerprint check)");
+  }
+  if (extremes[0] == -extremes[1]) {
+    return;
+  }
+  // Some rank called something else: every rank is here, so gather the
+  // fingerprints themselves to name them.
+  constexpr size_t kKeyBytes = 256;
+  std::vector<char> mine(kKeyBytes, '\0');
+  const std::string key = task.fingerprint.key();
+  std::copy_n(key.begin(), std::min(key.size(), kKeyBytes - 1), mine.begin());
+  std::vector<char> all(kKeyBytes * static_cast<size_t>(size_), '\0');
+  check_mpi(MPI_Allgather(mine.data(), static_cast<int>(kKeyBytes), MPI_CHAR, all.data(),
+                          static_cast<int>(kKeyBytes), MPI_CHAR, comm_),
+            "MPI_Allgather (fingerprint check)");
+  for (int r = 0; r < size_; ++r) {
+    const std::string theirs(all.data() + static_cast<size_t>(r) * kKeyBytes);
+    if (theirs != std::string(mine.data())) {
+      throw CollectiveMismatchError(
+          c10::str(task.work->name(), ": ", mismatch_message(task.fingerprint, r, theirs)));
+    }
+  }
+  // Equal texts but different hashes cannot happen; fail safe all the same.
+  throw CollectiveMismatchError(c10::str(task.work->name(), ": the ranks' fingerprints differ (",
+                                         task.fingerprint.describe(), " on this rank)"));
 }
 
 void MpiEngine::run_watchdog() {

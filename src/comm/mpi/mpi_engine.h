@@ -50,6 +50,7 @@
 
 #include <ddp/comm/work.h>
 
+#include "comm/fingerprint.h"
 #include "comm/mpi/host_staging.h"
 #include "comm/mpi/mpi_runtime.h"
 
@@ -81,6 +82,23 @@ namespace ddp::internal::mpi {
 // together, the spin phase of `poll_request` sees the barrier complete
 // before any sleep.
 
+// Note [MPI fingerprint check]
+// MPI collectives carry no tag, so the Gloo backend's way of keeping
+// mismatched calls apart (Note [Collective fingerprints]) does not apply:
+// two ranks that call MPI_Allreduce with different counts meet, and MPI
+// truncates, hangs, or sums garbage. So before its collective every task
+// runs one more allreduce, of two int64 with MPI_MAX over (h, -h), where h
+// is 63 bits of a hash of the task's fingerprint: every rank gets the
+// largest and the smallest h at once, and they are equal when every rank
+// called the same thing. That allreduce is the same call on every rank
+// whatever they called, so it always matches. When they differ, every rank
+// gathers every rank's fingerprint (MPI_Allgather of a fixed-size text) and
+// raises CollectiveMismatchError naming its own and the first differing
+// rank's; no data moved, so the group stays usable. For a task that waits
+// for the ranks' arrival anyway (Note [MPI arrival wait]) the check, posted
+// as MPI_Iallreduce, is that wait: it costs nothing more. docs/benchmarks.md
+// has what it costs a small allreduce.
+
 // Options of an engine; see ProcessGroupMPIOptions for their meaning.
 struct EngineOptions {
   std::chrono::milliseconds watchdog_interval{100};
@@ -101,18 +119,22 @@ bool poll_request(MPI_Request* request, std::chrono::steady_clock::time_point de
 // thread. The worker thread alone calls collectives on `comm_`.
 class MpiEngine final : public MpiExitHook {
  public:
-  // Duplicates MPI_COMM_WORLD twice (collectives over every rank). `who` is
-  // the group's "[rank R/W]".
-  MpiEngine(std::string who, int size, EngineOptions options);
+  // Duplicates MPI_COMM_WORLD twice (collectives over every rank), or with
+  // `world_ranks` not empty, makes a communicator of those ranks of
+  // MPI_COMM_WORLD (MPI_Comm_create_group: a collective of those ranks only)
+  // and duplicates it. `who` is the group's "[rank R/W]".
+  MpiEngine(std::string who, int size, EngineOptions options, const std::vector<int>& world_ranks);
   // Shuts down (see `shutdown`).
   ~MpiEngine();
 
   MpiEngine(const MpiEngine&) = delete;
   MpiEngine& operator=(const MpiEngine&) = delete;
 
-  // Queues `run` as the next collective, named `op_name`, whose tensors
-  // are `tensors` and whose payload is `bytes` per rank; returns its Work.
-  std::shared_ptr<Work> enqueue(const char* op_name, std::chrono::milliseconds timeout,
+  // Queues `run` as the next collective, described by `fingerprint` (its
+  // sequence number is set here), whose tensors are `tensors` and whose
+  // payload is `bytes` per rank; returns its Work. Before `run`, every rank
+  // checks that the fingerprints agree (Note [MPI fingerprint check]).
+  std::shared_ptr<Work> enqueue(Fingerprint fingerprint, std::chrono::milliseconds timeout,
                                 std::vector<at::Tensor> tensors, int64_t bytes, CollectiveFn run);
 
   // Posts a send of `tensor` to, or a receive into it from, `peer` at once;
@@ -141,6 +163,7 @@ class MpiEngine final : public MpiExitHook {
     // Kept until MPI returns, even when the Work has failed before that.
     std::vector<at::Tensor> tensors;
     int64_t bytes = 0;
+    Fingerprint fingerprint;
   };
 
   // The task on the worker, as the watchdog sees it.
@@ -153,6 +176,8 @@ class MpiEngine final : public MpiExitHook {
 
   void run_worker();
   void run_task(Task& task);
+  // See Note [MPI fingerprint check]. Throws CollectiveMismatchError.
+  void check_fingerprints(const Task& task);
   void run_watchdog();
   // A Work that has failed because the group is broken.
   std::shared_ptr<Work> failed_work(const std::string& name, std::chrono::milliseconds timeout);

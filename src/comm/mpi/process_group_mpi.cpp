@@ -24,10 +24,12 @@
 #include <ddp/comm/error.h>
 
 #include "comm/collective_checks.h"
+#include "comm/fingerprint.h"
 #include "comm/mpi/host_staging.h"
 #include "comm/mpi/mpi_engine.h"
 #include "comm/mpi/mpi_ring.h"
 #include "comm/mpi/mpi_runtime.h"
+#include "comm/mpi/mpi_sparse.h"
 #include "comm/mpi/mpi_types.h"
 #include "comm/reduce_kernels.h"
 #include "internal/check.h"
@@ -42,7 +44,8 @@ class ProcessGroupMPI::Impl {
   Impl(std::string who, int size, const ProcessGroupMPIOptions& options)
       : ring_allreduce_min_bytes(options.ring_allreduce_min_bytes()),
         engine(std::move(who), size,
-               mpi::EngineOptions{options.watchdog_interval(), options.arrival_wait_min_bytes()}) {}
+               mpi::EngineOptions{options.watchdog_interval(), options.arrival_wait_min_bytes()},
+               options.ranks()) {}
 
   const int64_t ring_allreduce_min_bytes;
   // The ring allreduce's scratch buffer, kept between calls; used by the
@@ -68,9 +71,21 @@ void check_tensor(const at::Tensor& t, const std::string& who, const std::string
   DDP_CHECK(!t.is_sparse(), who, ": ", what, " is sparse; only dense tensors are supported");
 }
 
+// The sparse COO tensor of an allreduce (see Note [Sparse allreduce over
+// MPI] in mpi_sparse.cpp).
+void check_sparse_tensor(const at::Tensor& t, const std::string& who, const std::string& what) {
+  DDP_CHECK(t.defined(), who, ": ", what, " is an undefined tensor");
+  DDP_INTERNAL_ASSERT(t.is_sparse());
+  DDP_CHECK(t.is_cpu() || t.is_cuda(), who, ": ", what, " is on device ", t.device(),
+            "; the MPI backend takes CPU or CUDA tensors");
+  DDP_CHECK(internal::is_supported_dtype(t.scalar_type()), who, ": ", what, " has dtype ",
+            t.scalar_type(), ", which the MPI backend does not support");
+}
+
 // MPI's rules for the checks of collective_checks.h: CPU or CUDA tensors,
-// which may differ in device within an operation (CUDA ones are staged).
-constexpr internal::TensorRules kMpiRules{&check_tensor};
+// which may differ in device within an operation (CUDA ones are staged);
+// sparse COO tensors in allreduce.
+constexpr internal::TensorRules kMpiRules{&check_tensor, nullptr, &check_sparse_tensor};
 
 void check_reducible(at::ScalarType dtype, ReduceOp op, const std::string& who) {
   DDP_CHECK(internal::reduce_kernel(dtype, op) != nullptr, who, ": ", to_string(op),
@@ -97,6 +112,14 @@ void in_pieces(const at::Tensor& tensor, Call&& call) {
   for (int64_t offset = 0; offset < numel; offset += kMaxCount) {
     call(data + offset * element_size, static_cast<int>(std::min(kMaxCount, numel - offset)));
   }
+}
+
+int64_t total_numel(const std::vector<at::Tensor>& tensors) {
+  int64_t numel = 0;
+  for (const auto& t : tensors) {
+    numel += t.numel();
+  }
+  return numel;
 }
 
 int64_t bytes_of(const std::vector<at::Tensor>& tensors) {
@@ -179,7 +202,26 @@ std::shared_ptr<ProcessGroupMPI> ProcessGroupMPI::create(const ProcessGroupMPIOp
             options.watchdog_interval().count(), " ms)");
   const mpi::MpiWorld world = mpi::ensure_mpi_initialized("ProcessGroupMPI");
   check_launcher_agrees(world);
-  return std::make_shared<ProcessGroupMPI>(PrivateTag{}, world.rank, world.size, options);
+  const auto& ranks = options.ranks();
+  if (ranks.empty()) {
+    return std::make_shared<ProcessGroupMPI>(PrivateTag{}, world.rank, world.size, options);
+  }
+  const std::string who = c10::str("[rank ", world.rank, "/", world.size, "] ProcessGroupMPI");
+  int rank = -1;
+  for (size_t i = 0; i < ranks.size(); ++i) {
+    DDP_CHECK(ranks[i] >= 0 && ranks[i] < world.size, who, ": ranks[", i, "] = ", ranks[i],
+              " is outside MPI_COMM_WORLD's ranks [0, ", world.size, ")");
+    DDP_CHECK(i == 0 || ranks[i - 1] < ranks[i], who,
+              ": ranks must be sorted ascending without repeats (got ", ranks[i - 1], " then ",
+              ranks[i], ")");
+    if (ranks[i] == world.rank) {
+      rank = static_cast<int>(i);
+    }
+  }
+  DDP_CHECK(rank >= 0, who, ": this rank is not one of the group's ", ranks.size(),
+            " ranks; only members create the group (ddp::new_group gives the others a handle)");
+  return std::make_shared<ProcessGroupMPI>(PrivateTag{}, rank, static_cast<int>(ranks.size()),
+                                           options);
 }
 
 std::string ProcessGroupMPI::mpi_version() {
@@ -194,6 +236,7 @@ std::string ProcessGroupMPI::mpi_version() {
 ProcessGroupMPI::ProcessGroupMPI(PrivateTag, int rank, int size, const ProcessGroupMPIOptions& options)
     : ProcessGroup(rank, size, options.timeout()) {
   impl_ = std::make_unique<Impl>(rank_prefix(), size, options);
+  set_supports_sparse_allreduce(true); // Note [Sparse allreduce over MPI]
 }
 
 ProcessGroupMPI::~ProcessGroupMPI() = default;
@@ -208,6 +251,19 @@ std::shared_ptr<Work> ProcessGroupMPI::allreduce(const at::Tensor& tensor,
 std::shared_ptr<Work> ProcessGroupMPI::allreduce_coalesced(const std::vector<at::Tensor>& tensors,
                                                            const AllreduceOptions& options) {
   const std::string who = rank_prefix() + " allreduce";
+  if (tensors.size() == 1 && tensors[0].defined() && tensors[0].is_sparse()) {
+    internal::check_sparse_allreduce(tensors[0], options.op, who, kMpiRules);
+    const at::Tensor tensor = tensors[0];
+    // The dense sizes must agree; the number of entries may differ, and the
+    // collective compares the sizes itself.
+    return impl_->engine.enqueue(
+        internal::Fingerprint{"allreduce", tensor.scalar_type(), internal::Fingerprint::kSparse,
+                              options.op},
+        resolve_timeout(options.timeout), tensors, 0, [tensor, who](MPI_Comm comm) {
+          mpi::sparse_allreduce(tensor, comm, who);
+          return std::vector<at::Tensor>{tensor};
+        });
+  }
   internal::check_coalesced(tensors, who, kMpiRules);
   check_reducible(tensors[0].scalar_type(), options.op, who);
   const auto reduction = mpi::reduction_of(tensors[0].scalar_type(), options.op);
@@ -222,7 +278,8 @@ std::shared_ptr<Work> ProcessGroupMPI::allreduce_coalesced(const std::vector<at:
                      : internal::ReduceKernel();
   std::vector<uint8_t>* scratch = &impl_->ring_scratch; // outlives the task (see Impl)
   return impl_->engine.enqueue(
-      "allreduce", resolve_timeout(options.timeout), tensors, bytes,
+      internal::Fingerprint{"allreduce", tensors[0].scalar_type(), total_numel(tensors), options.op},
+      resolve_timeout(options.timeout), tensors, bytes,
       [tensors, reduction, average, size, rank, ring, kernel, scratch](MPI_Comm comm) {
         mpi::HostStaging staging;
         // One tensor is reduced in place; several are packed into one buffer
@@ -258,7 +315,8 @@ std::shared_ptr<Work> ProcessGroupMPI::broadcast(const at::Tensor& tensor,
   const int root = options.root_rank;
   const MPI_Datatype datatype = mpi::datatype_of(tensor.scalar_type());
   return impl_->engine.enqueue(
-      "broadcast", resolve_timeout(options.timeout), {tensor}, static_cast<int64_t>(tensor.nbytes()),
+      internal::Fingerprint{"broadcast", tensor.scalar_type(), tensor.numel(), std::nullopt, root},
+      resolve_timeout(options.timeout), {tensor}, static_cast<int64_t>(tensor.nbytes()),
       [tensor, root, datatype](MPI_Comm comm) {
         mpi::HostStaging staging;
         const auto host = staging.in(tensor);
@@ -280,7 +338,8 @@ std::shared_ptr<Work> ProcessGroupMPI::reduce(const at::Tensor& tensor, const Re
   const bool average = options.op == ReduceOp::kAvg;
   const int size = this->size();
   return impl_->engine.enqueue(
-      "reduce", resolve_timeout(options.timeout), {tensor}, static_cast<int64_t>(tensor.nbytes()),
+      internal::Fingerprint{"reduce", tensor.scalar_type(), tensor.numel(), options.op, root},
+      resolve_timeout(options.timeout), {tensor}, static_cast<int64_t>(tensor.nbytes()),
       [tensor, reduction, root, is_root, average, size](MPI_Comm comm) {
         mpi::HostStaging staging;
         const auto host = staging.in(tensor);
@@ -308,7 +367,8 @@ std::shared_ptr<Work> ProcessGroupMPI::allgather(const std::vector<at::Tensor>& 
   std::vector<at::Tensor> tensors(outputs);
   tensors.push_back(input);
   return impl_->engine.enqueue(
-      "allgather", resolve_timeout(options.timeout), tensors, static_cast<int64_t>(input.nbytes()),
+      internal::Fingerprint{"allgather", input.scalar_type(), input.numel()},
+      resolve_timeout(options.timeout), tensors, static_cast<int64_t>(input.nbytes()),
       [outputs, input, count, datatype](MPI_Comm comm) {
         const auto host_input = input.cpu();
         auto flat = at::empty({static_cast<int64_t>(outputs.size()) * input.numel()}, host_input.options());
@@ -330,7 +390,8 @@ std::shared_ptr<Work> ProcessGroupMPI::allgather_into_tensor(const at::Tensor& o
   const int count = checked_count(input.numel(), who, "input");
   const MPI_Datatype datatype = mpi::datatype_of(input.scalar_type());
   return impl_->engine.enqueue(
-      "allgather_into_tensor", resolve_timeout(options.timeout), {output, input},
+      internal::Fingerprint{"allgather_into_tensor", input.scalar_type(), input.numel()},
+      resolve_timeout(options.timeout), {output, input},
       static_cast<int64_t>(input.nbytes()), [output, input, count, datatype](MPI_Comm comm) {
         mpi::HostStaging staging;
         const auto host_output = staging.in(output);
@@ -357,7 +418,8 @@ std::shared_ptr<Work> ProcessGroupMPI::gather(const std::vector<at::Tensor>& out
   std::vector<at::Tensor> tensors(outputs);
   tensors.push_back(input);
   return impl_->engine.enqueue(
-      "gather", resolve_timeout(options.timeout), tensors, static_cast<int64_t>(input.nbytes()),
+      internal::Fingerprint{"gather", input.scalar_type(), input.numel(), std::nullopt, root},
+      resolve_timeout(options.timeout), tensors, static_cast<int64_t>(input.nbytes()),
       [outputs, input, count, datatype, root, is_root, size](MPI_Comm comm) {
         const auto host_input = input.cpu();
         at::Tensor flat;
@@ -388,7 +450,8 @@ std::shared_ptr<Work> ProcessGroupMPI::scatter(const at::Tensor& output,
   std::vector<at::Tensor> tensors(inputs);
   tensors.push_back(output);
   return impl_->engine.enqueue(
-      "scatter", resolve_timeout(options.timeout), tensors, static_cast<int64_t>(output.nbytes()),
+      internal::Fingerprint{"scatter", output.scalar_type(), output.numel(), std::nullopt, root},
+      resolve_timeout(options.timeout), tensors, static_cast<int64_t>(output.nbytes()),
       [output, inputs, count, datatype, root, is_root](MPI_Comm comm) {
         mpi::HostStaging staging;
         const auto host_output = staging.in(output);
@@ -417,7 +480,8 @@ std::shared_ptr<Work> ProcessGroupMPI::reduce_scatter(const at::Tensor& output,
   std::vector<at::Tensor> tensors(inputs);
   tensors.push_back(output);
   return impl_->engine.enqueue(
-      "reduce_scatter", resolve_timeout(options.timeout), tensors, bytes_of(inputs),
+      internal::Fingerprint{"reduce_scatter", output.scalar_type(), output.numel(), options.op},
+      resolve_timeout(options.timeout), tensors, bytes_of(inputs),
       [output, inputs, count, reduction, average, size](MPI_Comm comm) {
         mpi::HostStaging staging;
         const auto host_output = staging.in(output);
@@ -444,7 +508,8 @@ std::shared_ptr<Work> ProcessGroupMPI::alltoall(const at::Tensor& output, const 
   const int count = static_cast<int>(input.numel() / size()); // per rank
   const MPI_Datatype datatype = mpi::datatype_of(input.scalar_type());
   return impl_->engine.enqueue(
-      "alltoall", resolve_timeout(options.timeout), {output, input},
+      internal::Fingerprint{"alltoall", input.scalar_type(), input.numel()},
+      resolve_timeout(options.timeout), {output, input},
       static_cast<int64_t>(input.nbytes()), [output, input, count, datatype](MPI_Comm comm) {
         mpi::HostStaging staging;
         const auto host_output = staging.in(output);
@@ -460,10 +525,11 @@ std::shared_ptr<Work> ProcessGroupMPI::alltoall(const at::Tensor& output, const 
 }
 
 std::shared_ptr<Work> ProcessGroupMPI::barrier(const BarrierOptions& options) {
-  return impl_->engine.enqueue("barrier", resolve_timeout(options.timeout), {}, 0, [](MPI_Comm comm) {
-    mpi::check_mpi(MPI_Barrier(comm), "MPI_Barrier");
-    return std::vector<at::Tensor>{};
-  });
+  return impl_->engine.enqueue(internal::Fingerprint("barrier"), resolve_timeout(options.timeout), {}, 0,
+                               [](MPI_Comm comm) {
+                                 mpi::check_mpi(MPI_Barrier(comm), "MPI_Barrier");
+                                 return std::vector<at::Tensor>{};
+                               });
 }
 
 void ProcessGroupMPI::wait_for_pending_work() {

@@ -26,3 +26,8 @@ ddp_add_gtest(gloo_reinit_test SOURCES comm/gloo/gloo_reinit_test.cpp
 # Allreduce of sparse COO tensors, ranks as threads; which groups support it.
 ddp_add_gtest(sparse_allreduce_test SOURCES comm/gloo/sparse_allreduce_test.cpp
   LIBS ddp_testing TIMEOUT 120)
+# Ranks that call different collectives at the same point, in processes over
+# real sockets: CollectiveMismatchError naming both calls on every rank, never
+# a crash or a partial result (Note [Collective fingerprints]).
+ddp_add_gtest(collective_mismatch_test SOURCES comm/gloo/collective_mismatch_test.cpp
+  LIBS ddp_testing TIMEOUT 120)

@@ -115,7 +115,13 @@ set_target_properties(mpi_cuda_main PROPERTIES POSITION_INDEPENDENT_CODE OFF)
 # ---- DDP, Join and the examples, unchanged, on MPI --------------------------------
 # The programs are defined in tests/nn/nn.cmake and examples/.
 ddp_add_mpi_test(ddp_parity_mpi_2_ranks NP 2 COMMAND ddp_parity_main TIMEOUT 120)
+# Subgroups as communicators of MPI_COMM_WORLD (tests/comm/comm.cmake).
+ddp_add_mpi_test(subgroups_mpi_4_ranks NP 4 COMMAND subgroups_main TIMEOUT 180)
 ddp_add_mpi_test(ddp_parity_mpi_3_ranks NP 3 COMMAND ddp_parity_main TIMEOUT 180)
+# Sparse gradients through the MPI backend's sparse allreduce (Note [Sparse
+# allreduce over MPI]): the same checks as ddp_sparse_{2,3}_ranks on Gloo.
+ddp_add_mpi_test(ddp_sparse_mpi_2_ranks NP 2 COMMAND ddp_sparse_main TIMEOUT 90)
+ddp_add_mpi_test(ddp_sparse_mpi_3_ranks NP 3 COMMAND ddp_sparse_main TIMEOUT 120)
 foreach(np 2 3)
   # Its own scratch folder: the program names its checkpoint after
   # MASTER_PORT, which mpirun does not set.
@@ -130,3 +136,14 @@ if(DDP_BUILD_EXAMPLES)
   ddp_add_mpi_test(allreduce_example_mpi_4_ranks NP 4 COMMAND allreduce_example TIMEOUT 90
     PASS_REGULAR_EXPRESSION "rank 3 of 4: allreduce gave 10 \\(expected 1 \\+ 2 \\+ ... \\+ 4 = 10\\): OK")
 endif()
+
+# ---- Collective fingerprints -----------------------------------------------------
+# Ranks that call different collectives at the same point: every rank raises
+# CollectiveMismatchError naming both calls, and the group stays usable
+# (Note [MPI fingerprint check]). A crash or a wrong sum fails the test.
+add_executable(mpi_mismatch_test comm/mpi/mpi_mismatch_test.cpp)
+target_link_libraries(mpi_mismatch_test PRIVATE ddp GTest::gtest GTest::gtest_main torch Threads::Threads)
+target_include_directories(mpi_mismatch_test PRIVATE ${PROJECT_SOURCE_DIR}/src ${PROJECT_SOURCE_DIR}/tests)
+target_precompile_headers(mpi_mismatch_test REUSE_FROM ddp_test_pch)
+set_target_properties(mpi_mismatch_test PROPERTIES POSITION_INDEPENDENT_CODE OFF)
+ddp_add_mpi_test(mpi_mismatch_test_2_ranks NP 2 COMMAND mpi_mismatch_test ARGS --gtest_brief=1 TIMEOUT 120)

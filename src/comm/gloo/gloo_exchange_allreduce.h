@@ -1,0 +1,35 @@
+#pragma once
+
+// A one-round allreduce for small buffers (private header). See Note
+// [Exchange allreduce] in gloo_exchange_allreduce.cpp.
+
+#include "comm/gloo/gloo_api.h"
+
+#include <chrono>
+#include <cstddef>
+#include <cstdint>
+#include <memory>
+
+#include "comm/reduce_kernels.h"
+
+namespace ddp::internal {
+
+// Buffers of at most this many bytes take the exchange algorithm (with at
+// most kExchangeAllreduceMaxRanks ranks); larger ones Gloo's ring.
+constexpr size_t kExchangeAllreduceMaxBytes = 64 * 1024;
+constexpr int kExchangeAllreduceMaxRanks = 8;
+
+// Whether an allreduce of `bytes` over `ranks` ranks takes the exchange.
+bool use_exchange_allreduce(size_t bytes, int ranks);
+
+// Reduces `data` (`count` elements, `bytes` bytes in all, host memory) across
+// the context's ranks in place: every rank sends its buffer to every other
+// rank, receives theirs, and combines all of them in rank order with
+// `kernel`, so every rank computes the same result bit for bit. Messages use
+// Gloo slot (kExchangeSlotPrefix, tag). Throws gloo::IoException on a
+// timeout or a lost peer, as Gloo's own algorithms do.
+void exchange_allreduce(const std::shared_ptr<gloo::Context>& context, void* data, size_t count,
+                        size_t bytes, const ReduceKernel& kernel, uint32_t tag,
+                        std::chrono::milliseconds timeout);
+
+} // namespace ddp::internal
