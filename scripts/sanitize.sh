@@ -15,6 +15,8 @@
 #            OpenMP are not instrumented, so synchronisation done inside them
 #            is invisible to TSan; the subset is the code whose threads are
 #            ours (stores, the Gloo worker queue, ddprun, the reducer's hooks).
+#            scripts/tsan.supp suppresses one race inside Gloo's error path,
+#            with the reason.
 #
 # Exits non-zero when a build fails or a sanitizer reports (a report fails
 # its test: ASan/UBSan abort, TSan exits with 66). Prints one count line per
@@ -58,7 +60,7 @@ for kind in "${kinds[@]}"; do
   # Leaks in LibTorch's and Gloo's one-time allocations are not ours: leak
   # detection stays off; every other ASan report aborts the test.
   ASAN_OPTIONS=detect_leaks=0:abort_on_error=1 UBSAN_OPTIONS=print_stacktrace=1:halt_on_error=1 \
-    TSAN_OPTIONS=halt_on_error=1:second_deadlock_stack=1 \
+    TSAN_OPTIONS="halt_on_error=1:second_deadlock_stack=1:suppressions=$PWD/scripts/tsan.supp" \
     ctest --test-dir "$build" --output-on-failure -j"${DDP_TEST_JOBS:-2}" "${filter[@]}" 2>&1 | tee "$log"
   rc=${PIPESTATUS[0]}
   count=$(grep -E '^[0-9]+% tests passed, [0-9]+ tests? failed out of [0-9]+' "$log" | tail -n 1)

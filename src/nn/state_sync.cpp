@@ -72,7 +72,9 @@ std::vector<std::string> allgather_strings(ProcessGroup& group, const std::strin
     longest = std::max(longest, l.item<int64_t>());
   }
   auto bytes = at::zeros({longest}, at::kByte);
-  std::memcpy(bytes.data_ptr(), mine.data(), mine.size());
+  if (!mine.empty()) {
+    std::memcpy(bytes.data_ptr(), mine.data(), mine.size());
+  }
   bytes = bytes.to(device);
   std::vector<at::Tensor> all;
   for (int r = 0; r < size; ++r) {
@@ -84,8 +86,10 @@ std::vector<std::string> allgather_strings(ProcessGroup& group, const std::strin
   }
   std::vector<std::string> result;
   for (int r = 0; r < size; ++r) {
-    result.emplace_back(static_cast<const char*>(all[r].data_ptr()),
-                        static_cast<size_t>(lengths[r].item<int64_t>()));
+    const auto length_r = static_cast<size_t>(lengths[r].item<int64_t>());
+    result.emplace_back(length_r == 0 ? std::string()
+                                      : std::string(static_cast<const char*>(all[r].data_ptr()),
+                                                    length_r));
   }
   return result;
 }

@@ -335,8 +335,10 @@ void custom_hook(Report& report) {
 
   size_t total_calls = 0;
   train_both(reference, model, [&](int step) {
-    std::lock_guard<std::mutex> lock(*mutex);
+    // The insight first: the Reducer calls the hook under its own lock, so
+    // taking the two locks in the other order here would invert the order.
     const auto insight = model->last_iteration_insight();
+    std::lock_guard<std::mutex> lock(*mutex);
     const std::string at_step = " at step " + std::to_string(step);
     report.expect(insight.buckets.size() > 1,
                   "expected several buckets with tiny caps, got " +

@@ -23,6 +23,10 @@ namespace ddp {
 /// the same root). Each collective gets the next number of a per-group
 /// sequence counter that only goes up; that number tags its messages and
 /// names it in errors ("[rank 1/4] allreduce #12 timed out after 30000 ms").
+/// Gloo and MPI check the contract on every call: ranks whose calls differ
+/// (op, dtype, element count, reduce op, root) all get a
+/// `CollectiveMismatchError` naming both calls, and no data moves between
+/// them (docs/design.md, "Collective fingerprints").
 /// Point-to-point `send`/`recv` are outside that order: they are matched by
 /// (peer, tag).
 ///

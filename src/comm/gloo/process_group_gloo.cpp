@@ -21,8 +21,8 @@
 // line up.
 //
 // CUDA tensors are staged: copied to pinned host memory before the task and
-// back after it (`Staging`), in the order that Note [Gloo and CUDA streams]
-// explains. send/recv bypass the queue: they post the transfer at once on
+// back after it (`HostStaging`), in the order that Note [Gloo and CUDA
+// streams] in comm/host_staging.h explains. send/recv bypass the queue: they post the transfer at once on
 // Gloo's unbound buffers and complete in `Work::wait`, both on the caller's
 // thread and current stream.
 
@@ -47,6 +47,7 @@
 #include "comm/gloo/gloo_api.h"
 #include "comm/gloo/gloo_exchange_allreduce.h"
 #include "comm/gloo/gloo_rendezvous.h"
+#include "comm/host_staging.h"
 #include "comm/reduce_kernels.h"
 #include "internal/check.h"
 
@@ -56,77 +57,6 @@ namespace {
 
 // Slot prefix of send/recv; Gloo's own algorithms use 0x01 to 0x08.
 constexpr uint8_t kPointToPointSlotPrefix = 0x20;
-
-// Copies CUDA tensors to pinned host memory and back; a no-op for CPU
-// tensors. Lives on the worker thread for the duration of one task.
-class Staging {
- public:
-  // The host tensor to operate on in place of `tensor`.
-  at::Tensor in(const at::Tensor& tensor) {
-    if (!tensor.is_cuda()) {
-      return tensor;
-    }
-    auto host = at::empty(tensor.sizes(), tensor.options().device(at::kCPU).pinned_memory(true));
-    host.copy_(tensor);
-    pairs_.emplace_back(tensor, host);
-    return host;
-  }
-  // Writes every staged host tensor back to its device tensor.
-  void copy_back() {
-    for (auto& [device, host] : pairs_) {
-      device.copy_(host);
-    }
-  }
-
- private:
-  std::vector<std::pair<at::Tensor, at::Tensor>> pairs_;
-};
-
-// Note [Gloo and CUDA streams]
-// A caller may still have kernels queued that write a CUDA tensor when it
-// issues a collective, on any stream, including the non-blocking streams of
-// LibTorch's pool that do not synchronise with the default stream. So at
-// enqueue, on the caller's thread, `StreamFence::record` records an event on
-// the current stream of every device that the task's tensors live on, and
-// the worker makes its own current stream wait for those events (`wait`)
-// before its first staging copy. The copies back to the device are
-// synchronous (pinned host to device, then the stream is synchronised), and
-// the Work completes only after them, so a caller that waits on the Work
-// before its next use of the tensors sees the result from any stream.
-class StreamFence {
- public:
-  // Runs on the caller's thread.
-  static StreamFence record(const std::vector<at::Tensor>& tensors) {
-    StreamFence fence;
-    for (const auto& t : tensors) {
-      if (!t.defined() || !t.is_cuda()) {
-        continue;
-      }
-      const auto device = t.device();
-      const bool seen = std::any_of(fence.events_.begin(), fence.events_.end(),
-                                    [&](const auto& e) { return e.first == device; });
-      if (seen) {
-        continue;
-      }
-      const c10::impl::VirtualGuardImpl impl(device.type());
-      auto event = std::make_unique<c10::Event>(device.type());
-      event->record(impl.getStream(device));
-      fence.events_.emplace_back(device, std::move(event));
-    }
-    return fence;
-  }
-
-  // Runs on the worker thread, before the task touches its tensors.
-  void wait() const {
-    for (const auto& [device, event] : events_) {
-      const c10::impl::VirtualGuardImpl impl(device.type());
-      event->block(impl.getStream(device));
-    }
-  }
-
- private:
-  std::vector<std::pair<c10::Device, std::unique_ptr<c10::Event>>> events_;
-};
 
 // Gloo algorithms only need the element size, so every dtype moves as
 // unsigned words of its size: `set` gets the tensor's data as a pointer to
@@ -277,7 +207,7 @@ class DDP_GLOO_HIDDEN ProcessGroupGloo::Impl {
                                           const std::string& name)>
         run;
     internal::Fingerprint fingerprint; // its seq is the task's; see Note [Collective fingerprints]
-    StreamFence fence; // See Note [Gloo and CUDA streams]
+    internal::StreamFence fence; // See Note [Gloo and CUDA streams] in comm/host_staging.h
     // See Note [Two Gloo tasks at once].
     std::vector<const void*> storages;
     bool exclusive = false;
@@ -333,7 +263,8 @@ class DDP_GLOO_HIDDEN ProcessGroupGloo::Impl {
     DDP_CHECK(!stop_, who(), " ", fingerprint.op, ": the process group is being destroyed");
     fingerprint.seq = next_seq_++;
     auto work = Work::create(c10::str(who(), " ", fingerprint.op, " #", fingerprint.seq), timeout);
-    Task task{work, timeout, std::move(run), std::move(fingerprint), StreamFence::record(keep), {}, false};
+    Task task{work,  timeout, std::move(run), std::move(fingerprint),
+              internal::StreamFence::record(keep), {}, false};
     for (const auto& t : keep) {
       if (t.defined() && t.is_sparse()) {
         // A sparse tensor has no storage of its own, and a sparse allreduce
@@ -364,7 +295,7 @@ class DDP_GLOO_HIDDEN ProcessGroupGloo::Impl {
     internal::Fingerprint fingerprint{op_name, input.scalar_type(), input.numel()};
     return enqueue(std::move(fingerprint), timeout, {output, input},
                    [output, input, context, algorithm](uint32_t tag, std::chrono::milliseconds timeout) {
-                     Staging staging;
+                     internal::HostStaging staging;
                      auto host_input = staging.in(input);
                      auto host_output = staging.in(output);
                      if (input.numel() > 0) {
@@ -885,7 +816,7 @@ std::shared_ptr<Work> ProcessGroupGloo::allreduce_coalesced(
   return impl_->enqueue(
       std::move(fingerprint), resolve_timeout(options.timeout), tensors,
       [tensors, kernel, op, size, context](uint32_t tag, std::chrono::milliseconds timeout) {
-        Staging staging;
+        internal::HostStaging staging;
         // One tensor is reduced in place; several are packed into one buffer
         // so that they cost one collective.
         at::Tensor flat;
@@ -939,7 +870,7 @@ std::shared_ptr<Work> ProcessGroupGloo::broadcast(const at::Tensor& tensor,
   return impl_->enqueue(
       std::move(fingerprint), resolve_timeout(options.timeout), {tensor},
       [tensor, root, context](uint32_t tag, std::chrono::milliseconds timeout) {
-        Staging staging;
+        internal::HostStaging staging;
         auto host = staging.in(tensor);
         if (host.numel() > 0) {
           gloo::BroadcastOptions o(context);
@@ -968,7 +899,7 @@ std::shared_ptr<Work> ProcessGroupGloo::reduce(const at::Tensor& tensor,
   return impl_->enqueue(
       std::move(fingerprint), resolve_timeout(options.timeout), {tensor},
       [tensor, kernel, root, op, size, rank, context](uint32_t tag, std::chrono::milliseconds timeout) {
-        Staging staging;
+        internal::HostStaging staging;
         auto host = staging.in(tensor);
         if (host.numel() > 0) {
           gloo::ReduceOptions o(context);
@@ -999,7 +930,7 @@ std::shared_ptr<Work> ProcessGroupGloo::allgather(const std::vector<at::Tensor>&
   return impl_->enqueue(
       std::move(fingerprint), resolve_timeout(options.timeout), keep,
       [outputs, input, context](uint32_t tag, std::chrono::milliseconds timeout) {
-        Staging staging;
+        internal::HostStaging staging;
         auto host_input = staging.in(input);
         auto flat = at::empty({static_cast<int64_t>(outputs.size()) * input.numel()},
                               host_input.options());
@@ -1042,7 +973,7 @@ std::shared_ptr<Work> ProcessGroupGloo::gather(const std::vector<at::Tensor>& ou
   return impl_->enqueue(
       std::move(fingerprint), resolve_timeout(options.timeout), keep,
       [outputs, input, root, size, is_root, context](uint32_t tag, std::chrono::milliseconds timeout) {
-        Staging staging;
+        internal::HostStaging staging;
         auto host_input = staging.in(input);
         at::Tensor flat;
         if (input.numel() > 0) {
@@ -1080,7 +1011,7 @@ std::shared_ptr<Work> ProcessGroupGloo::scatter(const at::Tensor& output,
   return impl_->enqueue(
       std::move(fingerprint), resolve_timeout(options.timeout), keep,
       [output, inputs, root, is_root, context](uint32_t tag, std::chrono::milliseconds timeout) {
-        Staging staging;
+        internal::HostStaging staging;
         auto host_output = staging.in(output);
         if (output.numel() > 0) {
           gloo::ScatterOptions o(context);

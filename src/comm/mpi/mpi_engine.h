@@ -51,7 +51,7 @@
 #include <ddp/comm/work.h>
 
 #include "comm/fingerprint.h"
-#include "comm/mpi/host_staging.h"
+#include "comm/host_staging.h"
 #include "comm/mpi/mpi_runtime.h"
 
 namespace ddp::internal::mpi {

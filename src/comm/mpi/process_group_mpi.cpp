@@ -25,7 +25,7 @@
 
 #include "comm/collective_checks.h"
 #include "comm/fingerprint.h"
-#include "comm/mpi/host_staging.h"
+#include "comm/host_staging.h"
 #include "comm/mpi/mpi_engine.h"
 #include "comm/mpi/mpi_ring.h"
 #include "comm/mpi/mpi_runtime.h"
@@ -281,7 +281,7 @@ std::shared_ptr<Work> ProcessGroupMPI::allreduce_coalesced(const std::vector<at:
       internal::Fingerprint{"allreduce", tensors[0].scalar_type(), total_numel(tensors), options.op},
       resolve_timeout(options.timeout), tensors, bytes,
       [tensors, reduction, average, size, rank, ring, kernel, scratch](MPI_Comm comm) {
-        mpi::HostStaging staging;
+        internal::HostStaging staging;
         // One tensor is reduced in place; several are packed into one buffer
         // so that they cost one collective.
         const at::Tensor flat =
@@ -318,7 +318,7 @@ std::shared_ptr<Work> ProcessGroupMPI::broadcast(const at::Tensor& tensor,
       internal::Fingerprint{"broadcast", tensor.scalar_type(), tensor.numel(), std::nullopt, root},
       resolve_timeout(options.timeout), {tensor}, static_cast<int64_t>(tensor.nbytes()),
       [tensor, root, datatype](MPI_Comm comm) {
-        mpi::HostStaging staging;
+        internal::HostStaging staging;
         const auto host = staging.in(tensor);
         in_pieces(host, [&](void* data, int count) {
           mpi::check_mpi(MPI_Bcast(data, count, datatype, root, comm), "MPI_Bcast");
@@ -341,7 +341,7 @@ std::shared_ptr<Work> ProcessGroupMPI::reduce(const at::Tensor& tensor, const Re
       internal::Fingerprint{"reduce", tensor.scalar_type(), tensor.numel(), options.op, root},
       resolve_timeout(options.timeout), {tensor}, static_cast<int64_t>(tensor.nbytes()),
       [tensor, reduction, root, is_root, average, size](MPI_Comm comm) {
-        mpi::HostStaging staging;
+        internal::HostStaging staging;
         const auto host = staging.in(tensor);
         in_pieces(host, [&](void* data, int count) {
           // The root reduces into its own buffer; the others only send.
@@ -393,7 +393,7 @@ std::shared_ptr<Work> ProcessGroupMPI::allgather_into_tensor(const at::Tensor& o
       internal::Fingerprint{"allgather_into_tensor", input.scalar_type(), input.numel()},
       resolve_timeout(options.timeout), {output, input},
       static_cast<int64_t>(input.nbytes()), [output, input, count, datatype](MPI_Comm comm) {
-        mpi::HostStaging staging;
+        internal::HostStaging staging;
         const auto host_output = staging.in(output);
         const auto host_input = separate_input(input.cpu(), host_output);
         if (count > 0) {
@@ -453,7 +453,7 @@ std::shared_ptr<Work> ProcessGroupMPI::scatter(const at::Tensor& output,
       internal::Fingerprint{"scatter", output.scalar_type(), output.numel(), std::nullopt, root},
       resolve_timeout(options.timeout), tensors, static_cast<int64_t>(output.nbytes()),
       [output, inputs, count, datatype, root, is_root](MPI_Comm comm) {
-        mpi::HostStaging staging;
+        internal::HostStaging staging;
         const auto host_output = staging.in(output);
         // Packed into a new buffer, so that it never overlaps the output.
         const at::Tensor flat = is_root ? packed_on_host(inputs) : at::Tensor();
@@ -483,7 +483,7 @@ std::shared_ptr<Work> ProcessGroupMPI::reduce_scatter(const at::Tensor& output,
       internal::Fingerprint{"reduce_scatter", output.scalar_type(), output.numel(), options.op},
       resolve_timeout(options.timeout), tensors, bytes_of(inputs),
       [output, inputs, count, reduction, average, size](MPI_Comm comm) {
-        mpi::HostStaging staging;
+        internal::HostStaging staging;
         const auto host_output = staging.in(output);
         // A new buffer: the inputs may share storage with the output.
         const auto flat = packed_on_host(inputs);
@@ -511,7 +511,7 @@ std::shared_ptr<Work> ProcessGroupMPI::alltoall(const at::Tensor& output, const 
       internal::Fingerprint{"alltoall", input.scalar_type(), input.numel()},
       resolve_timeout(options.timeout), {output, input},
       static_cast<int64_t>(input.nbytes()), [output, input, count, datatype](MPI_Comm comm) {
-        mpi::HostStaging staging;
+        internal::HostStaging staging;
         const auto host_output = staging.in(output);
         const auto host_input = separate_input(input.cpu(), host_output);
         if (count > 0) {

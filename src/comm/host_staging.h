@@ -1,16 +1,21 @@
 #pragma once
 
-// CUDA tensors through host memory, for the MPI backend (private header).
+// CUDA tensors through host memory, for the Gloo and MPI backends (private
+// header): both move host memory (a CUDA-aware MPI could take device
+// pointers, but whether one is depends on how it was built). For CPU
+// tensors both classes do nothing.
 //
-// MPI moves host memory here (a CUDA-aware MPI could take device pointers,
-// but whether one is depends on how it was built, and the Gloo backend's
-// staging has the ordering worked out). The order is that of Note [Gloo and
-// CUDA streams] in src/comm/gloo/process_group_gloo.cpp: at issue time, on
-// the caller's thread, `StreamFence::record` records an event on the current
-// stream of each device the operation's tensors live on; the worker makes
-// its own current stream wait for those events before its first copy to the
-// host, and copies results back synchronously before the Work completes.
-// For CPU tensors both classes do nothing.
+// Note [Gloo and CUDA streams]
+// A caller may still have kernels queued that write a CUDA tensor when it
+// issues a collective, on any stream, including the non-blocking streams of
+// LibTorch's pool that do not synchronise with the default stream. So at
+// enqueue, on the caller's thread, `StreamFence::record` records an event on
+// the current stream of every device that the task's tensors live on, and
+// the worker makes its own current stream wait for those events (`wait`)
+// before its first staging copy. The copies back to the device are
+// synchronous (pinned host to device, then the stream is synchronised), and
+// the Work completes only after them, so a caller that waits on the Work
+// before its next use of the tensors sees the result from any stream.
 
 #include <ATen/ATen.h>
 #include <c10/core/Event.h>
@@ -21,7 +26,7 @@
 #include <utility>
 #include <vector>
 
-namespace ddp::internal::mpi {
+namespace ddp::internal {
 
 // Events on the caller's streams. Thread-safety: recorded on the caller's
 // thread, waited on by the worker; not shared otherwise.
@@ -60,7 +65,7 @@ class StreamFence {
 // Host copies of CUDA tensors for one task; lives on the worker thread.
 class HostStaging {
  public:
-  // The host tensor to hand to MPI in place of `tensor`; `tensor` itself
+  // The host tensor to hand to the backend in place of `tensor`; `tensor` itself
   // when it is on the CPU.
   at::Tensor in(const at::Tensor& tensor) {
     if (!tensor.is_cuda()) {
@@ -83,4 +88,4 @@ class HostStaging {
   std::vector<std::pair<at::Tensor, at::Tensor>> pairs_;
 };
 
-} // namespace ddp::internal::mpi
+} // namespace ddp::internal
