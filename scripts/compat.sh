@@ -111,6 +111,14 @@ if [[ -x /usr/local/cuda/bin/nvcc ]]; then
   cuda_args=(-DCMAKE_CUDA_COMPILER=/usr/local/cuda/bin/nvcc -DCUDAToolkit_ROOT=/usr/local/cuda)
 fi
 
+# The wheel's libtorch_cuda.so needs the libraries of its nvidia-* wheels
+# (NCCL among them, which can be newer than /usr/local/cuda's): it finds them
+# at run time through its own RUNPATH, but the linker needs to be told where
+# they are when it links an executable against it.
+nvidia_libs=$(printf '%s:' "$site"/nvidia/*/lib)
+link_args=("-DCMAKE_EXE_LINKER_FLAGS=-Wl,-rpath-link,${nvidia_libs%:}"
+           "-DCMAKE_SHARED_LINKER_FLAGS=-Wl,-rpath-link,${nvidia_libs%:}")
+
 declare -A summary
 failed=0
 for config in "${configs[@]}"; do
@@ -129,7 +137,7 @@ for config in "${configs[@]}"; do
       -DDDP_GLOO_SOURCE_DIR="$gloo_src" -DTORCH_CUDA_ARCH_LIST=9.0 \
       -DDDP_TEST_PYTHON="$venv/bin/python" \
       -DDDP_BUILD_TESTS=ON -DDDP_BUILD_EXAMPLES=ON -DDDP_BUILD_BENCHMARKS=ON \
-      "${cuda_args[@]}" > "$build.configure.log" 2>&1; then
+      "${cuda_args[@]}" "${link_args[@]}" > "$build.configure.log" 2>&1; then
     cat "$build.configure.log"
     summary[$config]="configure FAILED"
     failed=1

@@ -8,7 +8,12 @@
 // the private build) are absorbed where Gloo is called, by letting the
 // compiler take a Gloo function's own type (src/comm/gloo/), not here.
 
+#include <ATen/core/Tensor.h>
+#include <torch/csrc/autograd/variable.h>
 #include <torch/version.h>
+
+#include <type_traits>
+#include <utility>
 
 // True when the LibTorch being compiled against is `major.minor` or newer.
 #define DDP_TORCH_AT_LEAST(major, minor) \
@@ -20,3 +25,13 @@
 
 // at::ScalarType::UInt32 and UInt64 exist (LibTorch 2.3).
 #define DDP_TORCH_HAS_UINT32_UINT64 DDP_TORCH_AT_LEAST(2, 3)
+
+namespace ddp::internal {
+
+// The owning pointer to an autograd Node (a parameter's gradient
+// accumulator): std::shared_ptr up to LibTorch 2.11, c10::intrusive_ptr in
+// newer ones (2.15 has it). Both compare with == and test with bool.
+using AutogradNodePtr = std::decay_t<decltype(torch::autograd::impl::grad_accumulator(
+    std::declval<const at::Tensor&>()))>;
+
+} // namespace ddp::internal

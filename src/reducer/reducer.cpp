@@ -118,12 +118,12 @@ Reducer::Reducer(std::vector<at::Tensor> parameters, std::vector<std::string> na
   hook_keys_.resize(n);
   for (size_t i = 0; i < n; ++i) {
     auto accumulator = torch::autograd::impl::grad_accumulator(parameters_[i]);
-    DDP_INTERNAL_ASSERT(accumulator != nullptr, "parameter ", names_[i], " has no gradient accumulator");
+    DDP_INTERNAL_ASSERT(static_cast<bool>(accumulator), "parameter ", names_[i], " has no gradient accumulator");
     install_hook(i, std::move(accumulator));
   }
 }
 
-void Reducer::install_hook(size_t index, std::shared_ptr<torch::autograd::Node> accumulator) {
+void Reducer::install_hook(size_t index, AutogradNodePtr accumulator) {
   // The hook runs on the autograd engine thread; `this` outlives it because
   // the destructor removes the hook first.
   hook_keys_[index] = accumulator->add_post_hook(
@@ -142,7 +142,7 @@ void Reducer::rehook_replaced_parameters() {
   // its gradient would silently stop being reduced.
   for (size_t i = 0; i < parameters_.size(); ++i) {
     auto current = torch::autograd::impl::try_get_grad_accumulator(parameters_[i]);
-    if (current != nullptr && current != grad_accumulators_[i]) {
+    if (current && current != grad_accumulators_[i]) {
       grad_accumulators_[i]->del_post_hook(hook_keys_[i]);
       install_hook(i, std::move(current));
     }

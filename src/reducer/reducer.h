@@ -17,6 +17,7 @@
 #include <ddp/nn/comm_hooks.h>
 #include <ddp/nn/distributed_data_parallel.h>
 
+#include "internal/torch_compat.h"
 #include "reducer/bucket_assignment.h"
 
 namespace ddp::internal {
@@ -131,7 +132,7 @@ class Reducer {
   std::string unfinished_reduction_message() const;
   void initialize_buckets(const std::vector<std::vector<size_t>>& assignment);
   void rebuild_buckets_if_due();
-  void install_hook(size_t index, std::shared_ptr<torch::autograd::Node> accumulator);
+  void install_hook(size_t index, AutogradNodePtr accumulator);
   void rehook_replaced_parameters();
   void reset_iteration();
   std::string who() const;
@@ -146,7 +147,7 @@ class Reducer {
 
   // Gradient accumulators are held only weakly by their parameters: keep
   // them alive so that the hooks stay installed.
-  std::vector<std::shared_ptr<torch::autograd::Node>> grad_accumulators_;
+  std::vector<AutogradNodePtr> grad_accumulators_;
   std::vector<uintptr_t> hook_keys_;
 
   mutable std::mutex mutex_;
