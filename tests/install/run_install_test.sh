@@ -3,21 +3,22 @@
 # the consumer project against that prefix and runs it under the installed
 # ddprun with 2 ranks, and alone as a world of size 1.
 #
-# Usage: run_install_test.sh <cmake> <ddp-build-dir> <consumer-source-dir> [<c++ compiler>]
+# Usage: run_install_test.sh <cmake> <ddp-build-dir> <consumer-source-dir> [<c++ compiler> [<exe linker flags>]]
 # (registered with CTest by tests/install/install.cmake). Exits 0 when every
 # step passes; otherwise prints the step that failed and exits 1. The
 # temporary directory is removed on success and kept on failure.
 
 set -euo pipefail
 
-if [[ $# -lt 3 || $# -gt 4 ]]; then
-  echo "usage: $0 <cmake> <ddp-build-dir> <consumer-source-dir> [<c++ compiler>]" >&2
+if [[ $# -lt 3 || $# -gt 5 ]]; then
+  echo "usage: $0 <cmake> <ddp-build-dir> <consumer-source-dir> [<c++ compiler> [<exe linker flags>]]" >&2
   exit 2
 fi
 cmake_bin=$1
 build_dir=$2
 consumer_src=$3
 cxx=${4:-}
+exe_linker_flags=${5:-}
 
 work=$(mktemp -d "${TMPDIR:-/tmp}/ddp-install-test.XXXXXX")
 prefix=$work/prefix
@@ -69,6 +70,9 @@ configure_args=(-S "$consumer_src" -B "$consumer_build" -G Ninja
   -DCMAKE_FIND_PACKAGE_NO_PACKAGE_REGISTRY=ON)
 if [[ -n $cxx ]]; then
   configure_args+=(-DCMAKE_CXX_COMPILER="$cxx")
+fi
+if [[ -n $exe_linker_flags ]]; then
+  configure_args+=(-DCMAKE_EXE_LINKER_FLAGS="$exe_linker_flags")
 fi
 run "$cmake_bin" "${configure_args[@]}"
 
