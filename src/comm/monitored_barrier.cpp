@@ -63,6 +63,13 @@ void ProcessGroup::monitored_barrier(std::chrono::milliseconds timeout, bool wai
     } catch (const TimeoutError& e) {
       throw TimeoutError(c10::str(who, ": rank 0 did not release the barrier within ", limit.count(),
                                   " ms: some rank is late (rank 0's error names it). ", e.what()));
+    } catch (const CommError& e) {
+      // Rank 0's own deadline may pass first: its timed-out receive closes
+      // the group's connections, which this rank sees as a lost connection.
+      throw TimeoutError(c10::str(who, ": rank 0 did not release the barrier within ", limit.count(),
+                                  " ms and closed its connections: some rank is late (rank 0's error "
+                                  "names it), or rank 0 failed. ",
+                                  e.what()));
     }
     return;
   }
