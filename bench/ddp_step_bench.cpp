@@ -8,11 +8,13 @@
 // Usage:
 //   build/ddprun --nproc-per-node 2 --no-prefix build/bench/ddp_step_bench
 //       [--model toy|mlp] [--mode ddp|local] [--batch N] [--iters N] [--warmup N]
+//       [--gradient-as-bucket-view 0|1]
 //   DDP_BACKEND=mpi mpirun -np 2 build/bench/ddp_step_bench [...]
 // prints on rank 0 one line
 //   ddp_step_bench impl=ddp backend=gloo model=toy mode=ddp world=2 params=165 batch=20 warmup=50 iters=500 median_ms=0.512 p10_ms=0.401 p90_ms=0.733 forward_ms=0.010 backward_ms=0.020 comm_ms=0.300 comm_wait_ms=0.280 overlap=0.05
 // (the last six fields, medians over the timed steps of rank 0's
-// `last_iteration_insight()`, only in mode=ddp) and exits 0. It exits 1 if a
+// `last_iteration_insight()`, only in mode=ddp; with
+// --gradient-as-bucket-view 1 the line also says view=1) and exits 0. It exits 1 if a
 // step fails, and 2 on a bad command line.
 //
 // The models (the same in ddp_step_bench.py):
@@ -26,7 +28,9 @@
 //   1. One intra-op thread (two ranks share the cores), seed 0, one fixed
 //      random batch per rank (seeded by the rank), MSE loss against a fixed
 //      random target, SGD with lr 0.001 and PyTorch's DDP defaults
-//      (bucket_cap_mb 25).
+//      (bucket_cap_mb 25), unless --gradient-as-bucket-view 1, which sets
+//      that DDP option (gradients are views into the buckets: no copy into
+//      the bucket and back each step).
 //   2. mode=ddp wraps the module in ddp::DistributedDataParallel; mode=local
 //      trains the plain module on every rank independently, with no
 //      communication at all, so that the ranks still compete for the CPU as
@@ -72,13 +76,14 @@ struct Config {
   int64_t batch = 0;   // 0: the model's default
   int64_t iters = 0;   // 0: the model's default
   int64_t warmup = -1; // -1: the model's default
+  bool gradient_as_bucket_view = false;
 };
 
 [[noreturn]] void usage_error(const std::string& message) {
   std::fprintf(stderr,
                "ddp_step_bench: %s\n"
                "usage: ddp_step_bench [--model toy|mlp] [--mode ddp|local] [--batch N] "
-               "[--iters N] [--warmup N]\n",
+               "[--iters N] [--warmup N] [--gradient-as-bucket-view 0|1]\n",
                message.c_str());
   std::exit(2);
 }
@@ -121,6 +126,11 @@ Config parse_args(int argc, char** argv) {
       if (config.warmup < 0) {
         usage_error("--warmup must be an integer >= 0 (got '" + value + "')");
       }
+    } else if (flag == "--gradient-as-bucket-view") {
+      if (value != "0" && value != "1") {
+        usage_error("--gradient-as-bucket-view must be 0 or 1 (got '" + value + "')");
+      }
+      config.gradient_as_bucket_view = value == "1";
     } else {
       usage_error("unknown flag '" + flag + "'");
     }
@@ -181,7 +191,8 @@ int run(const Config& config) {
   // Constructed in mode=ddp only: construction broadcasts rank 0's state.
   std::optional<ddp::DistributedDataParallel> model;
   if (use_ddp) {
-    model.emplace(net);
+    model.emplace(net, ddp::DistributedDataParallelOptions().gradient_as_bucket_view(
+                           config.gradient_as_bucket_view));
   }
   torch::optim::SGD optimizer(net->parameters(), kLearningRate);
   torch::manual_seed(pg->rank() + 1);
@@ -229,9 +240,10 @@ int run(const Config& config) {
                     median(comm_wait_ms), median(overlap));
       insight = buffer;
     }
-    std::printf("ddp_step_bench impl=ddp backend=%s model=%s mode=%s world=%d params=%lld "
+    std::printf("ddp_step_bench impl=ddp backend=%s model=%s mode=%s%s world=%d params=%lld "
                 "batch=%lld warmup=%lld iters=%lld median_ms=%.3f p10_ms=%.3f p90_ms=%.3f%s\n",
-                pg->backend_name().c_str(), config.model.c_str(), config.mode.c_str(), pg->size(),
+                pg->backend_name().c_str(), config.model.c_str(), config.mode.c_str(),
+                config.gradient_as_bucket_view ? " view=1" : "", pg->size(),
                 static_cast<long long>(params), static_cast<long long>(config.batch),
                 static_cast<long long>(config.warmup), static_cast<long long>(iters),
                 quantile(sorted, 0.5), quantile(sorted, 0.1), quantile(sorted, 0.9),

@@ -15,11 +15,12 @@
 //   per round 5 timed calls each (after a barrier each), `rounds` rounds
 //   (default 6); the best per-round median of each is printed.
 // ddp: the MLP of ddp_step_bench (4 x Linear(2500, 2500), batch 8, SGD) is
-//   trained under four configurations in turn, one step each per iteration:
+//   trained under five configurations in turn, one step each per iteration:
 //   no DistributedDataParallel at all ("local"), then DDP over a
 //   ProcessGroupMPI with the default options, without the arrival wait
-//   (arrival_wait_min_bytes(-1)), and without the ring
-//   (ring_allreduce_min_bytes(-1)). Each step starts after a barrier and its
+//   (arrival_wait_min_bytes(-1)), without the ring
+//   (ring_allreduce_min_bytes(-1)), and with the default group but DDP's
+//   gradient_as_bucket_view ("grad_view"). Each step starts after a barrier and its
 //   time is the slowest rank's; 3 warm-up iterations, then `iters` (default
 //   12); the median and 10th percentile per configuration are printed, with
 //   the ratio to "local".
@@ -103,7 +104,7 @@ void ddp_step(int iters, int batch) {
     std::unique_ptr<torch::optim::SGD> optimizer;
     std::vector<double> ms;
   };
-  std::vector<Config> configs(4);
+  std::vector<Config> configs(5);
   configs[0].name = "local";
   configs[1].name = "default";
   configs[1].group = ddp::ProcessGroupMPI::create();
@@ -111,11 +112,15 @@ void ddp_step(int iters, int batch) {
   configs[2].group = ddp::ProcessGroupMPI::create(ddp::ProcessGroupMPIOptions().arrival_wait_min_bytes(-1));
   configs[3].name = "no_ring";
   configs[3].group = ddp::ProcessGroupMPI::create(ddp::ProcessGroupMPIOptions().ring_allreduce_min_bytes(-1));
+  configs[4].name = "grad_view";
+  configs[4].group = ddp::ProcessGroupMPI::create();
   auto& world = *configs[1].group;
   for (auto& config : configs) {
     config.net = make_mlp();
     if (config.group) {
-      config.model.emplace(config.net, ddp::DistributedDataParallelOptions().process_group(config.group));
+      config.model.emplace(config.net, ddp::DistributedDataParallelOptions()
+                                           .process_group(config.group)
+                                           .gradient_as_bucket_view(std::string(config.name) == "grad_view"));
     }
     config.optimizer = std::make_unique<torch::optim::SGD>(config.net->parameters(), 0.001);
   }

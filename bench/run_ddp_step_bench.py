@@ -12,13 +12,15 @@ For each model (the tutorial ToyModel, and a 25M-parameter MLP; see the top of
 ddp_step_bench.cpp) it launches these runs, 2 ranks each:
   mpi        DDP_BACKEND=mpi mpirun -np 2 BUILD_DIR/bench/ddp_step_bench --mode ddp
              (ddp::DistributedDataParallel on ddp's MPI backend)
+  mpi-view   the same with --gradient-as-bucket-view 1 (the DDP option that
+             makes gradients views into the buckets: no copy in and out)
   local-mpi  mpirun -np 2 BUILD_DIR/bench/ddp_step_bench --mode local
              (the plain module, no communication, started as the mpi run is)
   gloo       ddprun ... BUILD_DIR/bench/ddp_step_bench --mode ddp (ddp's Gloo backend)
   torch      ddprun ... /usr/bin/python3 bench/ddp_step_bench.py
              (torch.nn.parallel.DistributedDataParallel, Gloo)
   local      ddprun ... BUILD_DIR/bench/ddp_step_bench --mode local
---no-mpi leaves out the first two; --sides picks some (e.g. mpi,local-mpi:
+--no-mpi leaves out the first three; --sides picks some (e.g. mpi,local-mpi:
 the pair that the MPI MLP target compares).
 
 Noise: the runs of a model alternate, R rounds (default 2), the order
@@ -31,7 +33,8 @@ each backend's DDP overhead over the same step without communication, started
 the same way), ddp's communication figures (from last_iteration_insight()),
 and a verdict per target:
   toy: ddp-MPI's step <= 0.3 x torch's;  ddp-Gloo's step <= 0.8 x torch's;
-  mlp: ddp-MPI's step <= 1.10 x its no-communication step (local-mpi);
+  mlp: ddp-MPI's step <= 1.10 x its no-communication step (local-mpi), with
+       the default options and, reported beside it, with gradient_as_bucket_view;
        ddp-Gloo's step <= 1.0 x torch's.
 Exits 0 whether or not the targets are met (a benchmark reports, it does not
 fail), 1 if a run fails, 2 on a bad command line or a missing build.
@@ -47,12 +50,14 @@ import bench_common
 HERE = os.path.dirname(os.path.abspath(__file__))
 WORLD_SIZE = 2
 MODELS = ("toy", "mlp")
-ALL_SIDES = ("mpi", "local-mpi", "gloo", "torch", "local")
+ALL_SIDES = ("mpi", "mpi-view", "local-mpi", "gloo", "torch", "local")
 # (model, side): (the side it is compared with, the highest acceptable ratio).
 TARGETS = {
     ("toy", "mpi"): ("torch", 0.3),
     ("toy", "gloo"): ("torch", 0.8),
     ("mlp", "mpi"): ("local-mpi", 1.10),
+    ("mlp", "mpi-view"): ("local-mpi", 1.10),
+    ("toy", "mpi-view"): ("torch", 0.3),
     ("mlp", "gloo"): ("torch", 1.0),
 }
 MODEL_NAMES = {"toy": "ToyModel (165 params, batch 20)",
@@ -81,7 +86,7 @@ def parse_args():
         if side not in ALL_SIDES:
             parser.error("--sides: unknown side '%s' (expected one of %s)"
                          % (side, ",".join(ALL_SIDES)))
-        if args.no_mpi and side in ("mpi", "local-mpi"):
+        if args.no_mpi and side in ("mpi", "mpi-view", "local-mpi"):
             parser.error("--sides: '%s' needs the MPI side, which --no-mpi leaves out" % side)
     return args
 
@@ -96,6 +101,8 @@ def side_commands(args, model, env):
         mpirun = bench_common.mpi_launch(driver, args.mpirun, WORLD_SIZE)
         mpi_env = bench_common.mpi_env(env)
         sides["mpi"] = (mpirun + [bench, "--model", model, "--mode", "ddp"], mpi_env)
+        sides["mpi-view"] = (mpirun + [bench, "--model", model, "--mode", "ddp",
+                                       "--gradient-as-bucket-view", "1"], mpi_env)
         sides["local-mpi"] = (mpirun + [bench, "--model", model, "--mode", "local"], mpi_env)
     sides["gloo"] = (launch + [bench, "--model", model, "--mode", "ddp"], env)
     sides["torch"] = (launch + [args.python, os.path.join(HERE, "ddp_step_bench.py"),
@@ -147,8 +154,8 @@ def main():
     def best(model, side):
         return min(float(r["median_ms"]) for r in results[model][side])
 
-    ours = [side for side in ("mpi", "gloo") if side in sides]
-    baseline = {"mpi": "local-mpi", "gloo": "local"}
+    ours = [side for side in ("mpi", "mpi-view", "gloo") if side in sides]
+    baseline = {"mpi": "local-mpi", "mpi-view": "local-mpi", "gloo": "local"}
     to_torch = [side for side in ours if "torch" in sides]
     to_local = [side for side in ours if baseline[side] in sides]
     header = (["model"] + ["%s ms" % side for side in sides]
@@ -176,7 +183,7 @@ def main():
     for model in args.models:
         for side in ours:
             for r in results[model][side]:
-                print("  %-4s %-4s step %s ms: forward %s ms, backward window %s ms, "
+                print("  %-4s %-8s step %s ms: forward %s ms, backward window %s ms, "
                       "communication %s ms (%.0f%% overlapped with backward), waited %s ms at "
                       "the end of backward"
                       % (model, side, r["median_ms"], r["forward_ms"], r["backward_ms"],

@@ -34,12 +34,17 @@
 //
 // MPI has no tags on collectives: see Note [MPI fingerprint check] in
 // comm/mpi/mpi_engine.h, which checks a 63-bit hash before every collective.
+// NCCL has none either: see Note [NCCL fingerprint check] in
+// comm/nccl/nccl_engine.h, which checks the same hash on the GPU, in the
+// collective's own launch, and compares stalled collectives as Gloo does.
 
 #include "comm/fingerprint.h"
 
+#include <c10/util/ArrayRef.h>
 #include <c10/util/StringUtil.h>
 
 #include <algorithm>
+#include <thread>
 
 namespace ddp::internal {
 
@@ -186,6 +191,36 @@ std::vector<int> FingerprintExchange::ranks_missing(uint64_t seq) {
     }
   }
   return missing;
+}
+
+std::string explain_hash_difference(FingerprintExchange& exchange, const Fingerprint& mine,
+                                    std::chrono::milliseconds patience,
+                                    std::chrono::milliseconds interval) {
+  const std::string differ = c10::str("the ranks' fingerprints differ (", mine.describe(), " on this rank)");
+  const auto deadline = std::chrono::steady_clock::now() + patience;
+  try {
+    for (;;) {
+      if (auto mismatch = exchange.publish_and_compare(mine)) {
+        return *mismatch;
+      }
+      // A peer whose collective completed found the difference too and
+      // published at once; one whose collective hangs publishes when its
+      // own stall check runs, a second or so later.
+      const auto missing = exchange.ranks_missing(mine.seq);
+      if (missing.empty()) {
+        // Equal fingerprints but different hashes cannot happen with the
+        // same build on every rank; fail safe all the same.
+        return differ;
+      }
+      if (std::chrono::steady_clock::now() >= deadline) {
+        return c10::str(differ, "; rank(s) ", c10::ArrayRef<int>(missing),
+                        " had not published theirs within ", patience.count(), " ms");
+      }
+      std::this_thread::sleep_for(interval);
+    }
+  } catch (const std::exception& e) {
+    return c10::str(differ, "; the store could not be read to say how: ", e.what());
+  }
 }
 
 } // namespace ddp::internal

@@ -99,4 +99,26 @@ class FingerprintExchange {
   std::vector<std::pair<uint64_t, std::vector<bool>>> published_;
 };
 
+// Whether the MAX-allreduce of every rank's (h, -h), h = hash63(), shows
+// that every rank hashed the same fingerprint: the largest h is then minus
+// the largest -h. (The MPI and NCCL backends' checks.)
+inline bool hashes_agree(int64_t largest, int64_t negated_smallest) {
+  return largest == -negated_smallest;
+}
+
+// Why the ranks' hashes differ, once a hash check found that they do: polls
+// `exchange` (publish_and_compare, which publishes `mine` first) every
+// `interval` until a rank's fingerprint is found to differ from `mine`, or
+// every other rank has published one that agrees, or `patience` has passed.
+// Returns the mismatch message ("rank 0 called allreduce #4 with
+// float32[1000] SUM, this rank float32[2000] SUM"), or, when no rank's
+// fingerprint could be read to differ, "the ranks' fingerprints differ
+// (allreduce #4 with float32[2000] SUM on this rank); rank(s) [0] had not
+// published theirs within 5000 ms". Blocks for at most about `patience`
+// plus one round of store calls; never throws for a store failure (the
+// message then says so).
+std::string explain_hash_difference(FingerprintExchange& exchange, const Fingerprint& mine,
+                                    std::chrono::milliseconds patience,
+                                    std::chrono::milliseconds interval);
+
 } // namespace ddp::internal

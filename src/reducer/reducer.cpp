@@ -45,6 +45,19 @@
 // gradient that came out dense (the weight also took part in a dense
 // operation) is sent sparse and written back dense.
 //
+// Note [Built-in allreduce]: with no communication hook registered (the
+// default, PyTorch's `comm_hook is None`), a dense gradient is multiplied by
+// 1 / world size as it is copied into its bucket view (one pass over the
+// gradient instead of a copy and then a division of the whole bucket), and
+// the bucket is then allreduced with SUM. PyTorch's Reducer does the same,
+// with the same arithmetic (a product with the reciprocal, rounded to the
+// gradient's dtype), so each rank's share is rounded as PyTorch rounds it;
+// only the order of the sum can differ.
+// A gradient that already is its view (gradient_as_bucket_view) is divided
+// in place. A registered hook, comm_hooks::allreduce() included, gets the
+// undivided bucket and divides it itself; sparse buckets always go through
+// the hook.
+//
 // Note [Bucket views]: `Bucket::views[k]` aliases elements
 // [offset_k, offset_k + numel_k) of `buffer`, shaped like variable k. It
 // shares the buffer's storage but is not an autograd view of it, because
@@ -58,6 +71,7 @@
 #include "reducer/reducer.h"
 
 #include <ATen/ATen.h>
+#include <ATen/ScalarOps.h>
 #include <torch/csrc/autograd/engine.h>
 #include <torch/csrc/autograd/utils/lambda_post_hook.h>
 #include <torch/csrc/autograd/variable.h>
@@ -254,6 +268,7 @@ void Reducer::set_comm_hook(CommHook hook) {
   DDP_CHECK(state_ == State::kIdle && iteration_ == 0, who(),
             ": register_comm_hook must be called before the first backward");
   comm_hook_ = std::move(hook);
+  builtin_hook_ = false;
 }
 
 // ---- Forward side --------------------------------------------------------------
@@ -498,18 +513,40 @@ void Reducer::mark_variable_ready(size_t index) {
     at::Tensor& view = bucket.views[locator.intra_bucket_index];
     if (shadowing_ || !grad.defined()) {
       view.zero_();
-    } else if (config_.gradient_as_bucket_view) {
-      if (!grad.is_alias_of(view)) {
-        view.copy_(grad);
-        const_cast<at::Tensor&>(param).mutable_grad() = view;
+    } else if (config_.gradient_as_bucket_view && grad.is_alias_of(view)) {
+      if (divides_on_copy()) {
+        view.div_(group_->size());
       }
     } else {
-      view.copy_(grad);
+      copy_into_view(grad, view);
+      if (config_.gradient_as_bucket_view) {
+        const_cast<at::Tensor&>(param).mutable_grad() = view;
+      }
     }
   }
   last_gradient_ms_ = ms_since_first_gradient();
   if (--bucket.pending == 0) {
     launch_ready_buckets();
+  }
+}
+
+bool Reducer::divides_on_copy() const {
+  return builtin_hook_ && group_->size() > 1;
+}
+
+void Reducer::copy_into_view(const at::Tensor& grad, at::Tensor& view) {
+  if (!divides_on_copy()) {
+    view.copy_(grad);
+    return;
+  }
+  // See Note [Built-in allreduce]. A scalar wrapped as PyTorch wraps Python
+  // numbers, so that the product keeps the gradient's dtype.
+  const auto scale = at::native::wrapped_scalar_tensor(1.0 / static_cast<double>(group_->size()));
+  if (grad.requires_grad()) {
+    // create_graph=true: an out= kernel refuses inputs that require grad.
+    view.copy_(grad.mul(scale));
+  } else {
+    at::mul_out(view, grad, scale);
   }
 }
 
@@ -547,7 +584,10 @@ void Reducer::launch_bucket(size_t bucket_index, const at::Tensor& buffer) {
                          bucket.sparse ? std::vector<at::Tensor>{buffer} : bucket.views,
                          bucket.parameter_names);
   bucket.launch_ms = ms_since_first_gradient();
-  auto work = comm_hook_(*group_, grad_bucket);
+  // Note [Built-in allreduce]: a dense bucket was divided on its way in.
+  auto work = builtin_hook_ && !bucket.sparse
+      ? (group_->size() > 1 ? group_->allreduce(buffer) : Work::completed({buffer}))
+      : comm_hook_(*group_, grad_bucket);
   DDP_CHECK(work != nullptr, who(), ": the communication hook returned no Work for bucket ",
             bucket_index);
   bucket.work = std::move(work);
@@ -572,10 +612,34 @@ void Reducer::finalize_backward_guarded() {
 
 void Reducer::finalize_backward_locked() {
   DDP_INTERNAL_ASSERT(state_ == State::kFinalizing);
-  const auto wait_start = Clock::now();
+  // Each bucket is written back as soon as it is reduced, while the later
+  // ones are still on the wire (as PyTorch's finalize_backward), unless the
+  // usage map, reduced after the last bucket, must be known first.
+  double comm_wait_ms = 0;
+  at::Tensor global_usage;
+  bool usage_known = false;
+  const auto know_usage = [&] {
+    if (usage_known) {
+      return;
+    }
+    usage_known = true;
+    if (usage_work_) {
+      const auto start = Clock::now();
+      usage_work_->wait();
+      comm_wait_ms += ms_between(start, Clock::now());
+      global_usage = usage_.cpu();
+      if (config_.static_graph) {
+        static_usage_ = global_usage.clone(); // Note [Delayed reduction]: for good
+      }
+    } else if (config_.static_graph && static_usage_.defined()) {
+      global_usage = static_usage_;
+    }
+  };
   for (size_t b = 0; b < buckets_.size(); ++b) {
     Bucket& bucket = buckets_[b];
+    const auto wait_start = Clock::now();
     bucket.work->wait();
+    comm_wait_ms += ms_between(wait_start, Clock::now());
     const auto& result = bucket.work->result();
     DDP_CHECK(!result.empty() && result[0].defined() && result[0].numel() == bucket.buffer.numel(),
               who(), ": the communication hook's result for bucket ", b, " has ",
@@ -589,41 +653,31 @@ void Reducer::finalize_backward_locked() {
     } else if (!result[0].is_same(bucket.buffer)) {
       bucket.buffer.copy_(result[0].reshape({-1}));
     }
-  }
-  at::Tensor global_usage;
-  if (usage_work_) {
-    usage_work_->wait();
-    global_usage = usage_.cpu();
-    if (config_.static_graph) {
-      static_usage_ = global_usage.clone(); // Note [Delayed reduction]: for good
-    }
-  } else if (config_.static_graph && static_usage_.defined()) {
-    global_usage = static_usage_;
-  }
-  const double comm_wait_ms = ms_between(wait_start, Clock::now());
-
-  for (size_t index = 0; index < parameters_.size(); ++index) {
-    if (global_usage.defined() && global_usage.data_ptr<int>()[index] == 0) {
-      continue; // unused on every rank: its gradient stays as it was
-    }
-    const auto& locator = locators_[index];
-    if (buckets_[locator.bucket_index].sparse) {
-      write_sparse_gradient(index, buckets_[locator.bucket_index].buffer);
-      continue;
-    }
-    const at::Tensor& view = buckets_[locator.bucket_index].views[locator.intra_bucket_index];
-    auto& param = const_cast<at::Tensor&>(parameters_[index]);
-    at::Tensor& grad = param.mutable_grad();
-    if (config_.gradient_as_bucket_view) {
-      if (!grad.defined() || !grad.is_alias_of(view)) {
-        grad = view;
+    know_usage();
+    for (size_t k = 0; k < bucket.variable_indices.size(); ++k) {
+      const size_t index = bucket.variable_indices[k];
+      if (global_usage.defined() && global_usage.data_ptr<int>()[index] == 0) {
+        continue; // unused on every rank: its gradient stays as it was
       }
-    } else if (grad.defined()) {
-      grad.copy_(view);
-    } else {
-      grad = view.clone();
+      if (bucket.sparse) {
+        write_sparse_gradient(index, bucket.buffer);
+        continue;
+      }
+      const at::Tensor& view = bucket.views[k];
+      auto& param = const_cast<at::Tensor&>(parameters_[index]);
+      at::Tensor& grad = param.mutable_grad();
+      if (config_.gradient_as_bucket_view) {
+        if (!grad.defined() || !grad.is_alias_of(view)) {
+          grad = view;
+        }
+      } else if (grad.defined()) {
+        grad.copy_(view);
+      } else {
+        grad = view.clone();
+      }
     }
   }
+  know_usage(); // no buckets: the usage map is still reduced
 
   // Insight.
   IterationInsight insight;

@@ -128,6 +128,12 @@ class Reducer {
   void queue_delayed_reduction_locked();
   void queue_finalize();
   bool reduces_usage() const;
+  // Whether dense gradients are divided by the world size as they are
+  // copied into their bucket (Note [Built-in allreduce]).
+  bool divides_on_copy() const;
+  // Copies `grad` into its bucket view, dividing on the way when
+  // divides_on_copy().
+  void copy_into_view(const at::Tensor& grad, at::Tensor& view);
   void check_static_graph_hook(size_t index);
   std::string unfinished_reduction_message() const;
   void initialize_buckets(const std::vector<std::vector<size_t>>& assignment);
@@ -152,6 +158,8 @@ class Reducer {
 
   mutable std::mutex mutex_;
   CommHook comm_hook_;                    // guarded by mutex_
+  // No hook registered: see Note [Built-in allreduce]. Guarded by mutex_.
+  bool builtin_hook_ = true;
   std::vector<Bucket> buckets_;           // guarded by mutex_
   std::vector<VariableLocator> locators_; // guarded by mutex_
   State state_ = State::kIdle;            // guarded by mutex_

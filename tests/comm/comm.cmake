@@ -5,6 +5,9 @@ ddp_add_gtest(init_test SOURCES comm/init_test.cpp LIBS ddp_testing TIMEOUT 60)
 # One group over several backends, routed by the device of the tensors.
 ddp_add_gtest(process_group_composite_test SOURCES comm/process_group_composite_test.cpp
   LIBS ddp_testing TIMEOUT 60)
+# The fingerprint checks' pure logic: the hash check's verdict, and how a
+# difference is explained through the store (src/comm/fingerprint.h).
+ddp_add_gtest(fingerprint_test SOURCES comm/fingerprint_test.cpp LIBS ddp_testing TIMEOUT 60)
 
 # The collective sweep's checks, one source that every backend's test runs
 # (comm/collective_sweep.h).

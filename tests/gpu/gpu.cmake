@@ -1,7 +1,7 @@
 # tests: gpu
 #
 # The GPU tests: the NCCL backend (collectives, Work::wait stream semantics,
-# the watchdog), Gloo with CUDA tensors, and DistributedDataParallel on CUDA
+# the watchdog, the collective fingerprint check), Gloo with CUDA tensors, and DistributedDataParallel on CUDA
 # against the CPU. They are built only with the NCCL backend
 # (DDP_HAVE_NCCL), carry the label "gpu", and skip with "no CUDA device: NCCL
 # tests need a GPU" on a machine without one.
@@ -15,6 +15,7 @@ set(DDP_GPU_TEST_SOURCES
   gpu/process_group_nccl_test.cpp
   gpu/nccl_work_test.cpp
   gpu/nccl_watchdog_test.cpp
+  gpu/nccl_fingerprint_test.cpp
   gpu/gloo_cuda_test.cpp
   gpu/composite_cuda_test.cpp
   gpu/ddp_cuda_test.cpp
@@ -71,6 +72,11 @@ ddp_add_gpu_gtest(nccl_work_test gpu/nccl_work_test.cpp 120)
 # Deadlines and the watchdog: no hang when a peer never comes or an
 # operation is stuck; the group is unusable after.
 ddp_add_gpu_gtest(nccl_watchdog_test gpu/nccl_watchdog_test.cpp 180)
+# Ranks that call different collectives (Note [NCCL fingerprint check]), in
+# processes with a GPU each: CollectiveMismatchError naming both calls on
+# every rank, never a crash, a hang or garbage counted as a success. Needs 2
+# GPUs; skips saying so with fewer.
+ddp_add_gpu_gtest(nccl_fingerprint_test gpu/nccl_fingerprint_test.cpp 600)
 # Gloo with CUDA tensors, world size 2 as threads on one GPU.
 ddp_add_gpu_gtest(gloo_cuda_test gpu/gloo_cuda_test.cpp 180)
 # Backend::kAuto: Gloo for CPU tensors and NCCL for CUDA tensors in one group.

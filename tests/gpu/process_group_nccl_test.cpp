@@ -15,6 +15,7 @@
 
 #include <ddp/comm/error.h>
 #include <ddp/comm/process_group_nccl.h>
+#include <ddp/store/hash_store.h>
 
 #include "gpu/gpu_testing.h"
 #include "testing/multi_rank.h"
@@ -375,6 +376,28 @@ TEST(NcclTwoDevices, TensorOnAnotherDeviceIsRejectedNamingBoth) {
   group->allreduce(torch::ones({4}, cuda(0)))->wait();
   auto message = message_of<c10::Error>([&] { group->allreduce(torch::ones({4}, cuda(1))); });
   expect_contains(message, "the tensors are on cuda:1, but this process group drives cuda:0");
+}
+
+// With one rank there is no fingerprint check (Note [NCCL fingerprint
+// check]): an operation that stays pending past the stall delay publishes
+// nothing, where a checked one would publish its fingerprint.
+TEST(NcclWorldOfOne, ChecksNoFingerprint) {
+  DDP_REQUIRE_GPUS(1);
+  auto store = std::make_shared<HashStore>();
+  const std::string name = ddp_gpu_test::fresh_group_name();
+  auto group = ProcessGroupNCCL::create(
+      store, 0, 1,
+      ProcessGroupNCCLOptions().timeout(std::chrono::seconds(60)).group_name(name).device_index(0));
+  auto tensor = torch::ones({16}, cuda());
+  group->allreduce(tensor)->wait(std::chrono::seconds(60)); // #0 creates the communicator
+  ddp_gpu_test::keep_stream_busy(std::chrono::milliseconds(2000));
+  auto work = group->allreduce(tensor); // #1 waits behind the spin
+  work->wait(std::chrono::seconds(60));
+  EXPECT_TRUE(work->is_success());
+  EXPECT_TRUE(tensor.eq(1).all().item<bool>());
+  const std::string fingerprints = "ddp/" + name + "/nccl/0/fp/";
+  EXPECT_FALSE(store->check({fingerprints + "0/0"}));
+  EXPECT_FALSE(store->check({fingerprints + "1/0"}));
 }
 
 TEST(NcclAvailability, IsAvailableAndVersion) {

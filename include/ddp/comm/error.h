@@ -41,10 +41,13 @@ class RemoteError : public CommError {
 
 /// The ranks called different collectives at the same point of their
 /// sequence: another collective, or the same one with another dtype, element
-/// count, reduce op or root. Raised on every rank that took part, before any
-/// data moved between the mismatched calls; the message names both calls:
-/// "[rank 1/2] allreduce #4: rank 0 called allreduce #4 with float32[1000]
-/// SUM, this rank float32[2000] SUM". See Note [Collective fingerprints].
+/// count, reduce op or root. Raised on every rank that took part; the message
+/// names both calls: "[rank 1/2] allreduce #4: rank 0 called allreduce #4
+/// with float32[1000] SUM, this rank float32[2000] SUM". On Gloo and MPI no
+/// data has moved between the mismatched calls. On NCCL the check runs on
+/// the GPU with the collective itself, so the outputs of the mismatched call
+/// are garbage, and the group is unusable afterwards (as after any NCCL
+/// failure). See Note [Collective fingerprints].
 class CollectiveMismatchError : public CommError {
  public:
   explicit CollectiveMismatchError(const std::string& message) : CommError(message) {}

@@ -5,6 +5,7 @@
 #include <c10/cuda/CUDACachingAllocator.h>
 #include <c10/cuda/CUDAFunctions.h>
 #include <c10/cuda/CUDAGuard.h>
+#include <c10/util/ArrayRef.h>
 
 #include <algorithm>
 #include <cerrno>
@@ -32,6 +33,17 @@ constexpr std::chrono::microseconds kBusyPoll{500};
 
 // The longest the destructor waits for ncclCommFinalize before aborting.
 constexpr std::chrono::milliseconds kFinalizeTimeout = std::chrono::seconds(60);
+
+// See Note [NCCL fingerprint check]. A collective pending this long has its
+// fingerprint published and compared, as in Gloo's monitor...
+constexpr std::chrono::milliseconds kStallDelay{1000};
+// ... again this often while it stays pending.
+constexpr std::chrono::milliseconds kCompareInterval{250};
+// How long the watchdog looks for the call a peer made after the check
+// found a difference (capped by the operation's timeout): long enough for a
+// peer whose kernel hangs to publish from its stall check.
+constexpr std::chrono::milliseconds kExplainPatience{5000};
+constexpr std::chrono::milliseconds kExplainInterval{50};
 
 // The text of an exception, without c10's backtrace.
 std::string error_text(const std::exception_ptr& error) {
@@ -72,6 +84,16 @@ std::string group_prefix(const std::string& group_name, int rank) {
   return c10::str("ddp/", group_name, "/nccl/", generation, "/");
 }
 
+bool is_mismatch(const std::exception_ptr& error) {
+  try {
+    std::rethrow_exception(error);
+  } catch (const CollectiveMismatchError&) {
+    return true;
+  } catch (...) {
+    return false;
+  }
+}
+
 std::chrono::milliseconds remaining(std::chrono::steady_clock::time_point deadline) {
   const auto left = std::chrono::duration_cast<std::chrono::milliseconds>(
       deadline - std::chrono::steady_clock::now());
@@ -103,7 +125,7 @@ std::optional<std::string> NcclFailure::message() const {
 // ---- NcclWork ------------------------------------------------------------------------
 
 NcclWork::NcclWork(std::string name, NcclOp& op, int device, c10::cuda::CUDAStream issuing_stream,
-                   std::shared_ptr<NcclFailure> failure)
+                   std::shared_ptr<NcclFailure> failure, std::unique_ptr<NcclCheck> check)
     : Work(std::move(name), op.timeout),
       timeout_(op.timeout),
       deadline_(std::chrono::steady_clock::now() + op.timeout),
@@ -111,7 +133,8 @@ NcclWork::NcclWork(std::string name, NcclOp& op, int device, c10::cuda::CUDAStre
       issuing_stream_(issuing_stream),
       failure_(std::move(failure)),
       outputs_(std::move(op.outputs)),
-      blocking_wait_(op.blocking_wait) {}
+      blocking_wait_(op.blocking_wait),
+      check_(std::move(check)) {}
 
 bool NcclWork::claim() {
   std::lock_guard<std::mutex> lock(claim_mutex_);
@@ -122,7 +145,38 @@ bool NcclWork::claim() {
   return true;
 }
 
+bool NcclWork::check_found_difference() const {
+  if (!check_) {
+    return false;
+  }
+  // The end event comes after the copy back, so the slot holds the result.
+  int64_t extremes[2];
+  std::memcpy(extremes, check_->slot.host(), sizeof(extremes));
+  return !hashes_agree(extremes[0], extremes[1]);
+}
+
+bool NcclWork::started_on_gpu() const noexcept {
+  if (!check_ || !check_->started) {
+    return false;
+  }
+  try {
+    return check_->started->query();
+  } catch (...) {
+    return false;
+  }
+}
+
 void NcclWork::finish() {
+  // See Note [NCCL fingerprint check]: read before anything can count the
+  // Work as a success. A failure recorded first wins (an aborted check
+  // reads as garbage).
+  if (check_found_difference() && !failure_->message()) {
+    return; // the watchdog fails it with CollectiveMismatchError
+  }
+  finish_unchecked();
+}
+
+void NcclWork::finish_unchecked() {
   if (!claim()) {
     return;
   }
@@ -134,6 +188,14 @@ void NcclWork::finish() {
   set_result(outputs_);
 }
 
+bool NcclWork::end_event_completed_quietly() const noexcept {
+  try {
+    return end_event_.query();
+  } catch (...) {
+    return false; // a CUDA error: the watchdog reports it
+  }
+}
+
 void NcclWork::fail(std::exception_ptr error) {
   if (claim()) {
     set_error(std::move(error));
@@ -143,12 +205,21 @@ void NcclWork::fail(std::exception_ptr error) {
 void NcclWork::wait(std::chrono::milliseconds timeout) {
   if (timeout == kUseGroupTimeout && !blocking_wait_) {
     if (!is_completed()) {
-      if (!failure_->message()) {
-        c10::cuda::CUDAGuard guard(static_cast<c10::DeviceIndex>(device_));
-        end_event_.block(
-            c10::cuda::getCurrentCUDAStream(static_cast<c10::DeviceIndex>(device_)).stream());
+      if (check_ && end_event_completed_quietly()) {
+        // The check's result is there: read it. A difference leaves the
+        // Work to the watchdog, which fails it after looking for the
+        // peers' calls (at most kExplainPatience, or the timeout).
+        finish();
+      } else {
+        if (!failure_->message()) {
+          c10::cuda::CUDAGuard guard(static_cast<c10::DeviceIndex>(device_));
+          end_event_.block(
+              c10::cuda::getCurrentCUDAStream(static_cast<c10::DeviceIndex>(device_)).stream());
+        }
+        // Before the GPU has run it, so without its check: see "What is
+        // left" in Note [NCCL fingerprint check].
+        finish_unchecked();
       }
-      finish();
     }
     Work::wait(timeout_); // completed by now (or about to be): returns or rethrows
     return;
@@ -181,7 +252,9 @@ NcclEngine::NcclEngine(std::shared_ptr<Store> store, int rank, int size, NcclEng
       size_(size),
       options_(std::move(options)),
       who_(std::move(who)),
-      prefix_(group_prefix(options_.group_name, rank)) {
+      prefix_(group_prefix(options_.group_name, rank)),
+      fingerprints_(size > 1 ? std::make_unique<FingerprintExchange>(store_, prefix_ + "fp/", rank, size)
+                             : nullptr) {
   if (options_.device_index >= 0) {
     device_ = options_.device_index;
   }
@@ -220,6 +293,15 @@ NcclEngine::~NcclEngine() {
   } catch (const std::exception& e) {
     // The CUDA runtime may already be unloading (a group destroyed at exit).
     log_warning(c10::str(who_, " destroying the NCCL communicator: ", e.what()));
+  }
+  // Without a failure every operation's end event, and so its copy into a
+  // check slot, has completed; after one, an aborted operation's copy may
+  // still be queued (see FingerprintSlots).
+  if (check_slots_ && failure_->message()) {
+    try {
+      FingerprintSlots::keep_until_exit(std::move(check_slots_));
+    } catch (...) {
+    }
   }
 }
 
@@ -348,7 +430,8 @@ void NcclEngine::ensure_communicator(const std::string& what) {
 }
 
 void NcclEngine::wait_until_ready(ncclComm_t comm, std::chrono::steady_clock::time_point deadline,
-                                  std::chrono::milliseconds timeout, const std::string& what) {
+                                  std::chrono::milliseconds timeout, const std::string& what,
+                                  const std::function<void()>& on_poll) {
   Backoff backoff;
   for (;;) {
     ncclResult_t state = ncclSuccess;
@@ -357,6 +440,9 @@ void NcclEngine::wait_until_ready(ncclComm_t comm, std::chrono::steady_clock::ti
       return;
     }
     check_nccl(state, comm, what); // throws unless still in progress
+    if (on_poll) {
+      on_poll();
+    }
     if (abort_requested_.load()) {
       throw CommError(c10::str(what, ": abandoned, because the watchdog is aborting the communicator"));
     }
@@ -413,6 +499,15 @@ std::shared_ptr<Work> NcclEngine::launch(NcclOp op) {
   const std::string who_op = c10::str(who_, " ", op.op_name);
   DDP_CHECK(!stopping_, who_op, ": the process group is being destroyed");
   bind_device_locked(op.device, who_op);
+  // See Note [NCCL fingerprint check]: none with one rank.
+  std::unique_ptr<NcclCheck> check;
+  if (op.collective && fingerprints_) {
+    DDP_INTERNAL_ASSERT(op.fingerprint.op == op.op_name, "the fingerprint of ", op.op_name,
+                        " names '", op.fingerprint.op, "'");
+    check = std::make_unique<NcclCheck>();
+    check->fingerprint = std::move(op.fingerprint);
+    check->fingerprint.seq = next_seq_;
+  }
   const std::string name =
       op.collective ? c10::str(who_op, " #", next_seq_++)
                     : c10::str(who_op, " ", op.peer_detail, " (point-to-point #",
@@ -422,6 +517,9 @@ std::shared_ptr<Work> NcclEngine::launch(NcclOp op) {
         name, ": not run, because the process group failed earlier and is unusable: ",
         with_advice(*failure)))));
   }
+  // For the error path, after `check` has moved into the Work.
+  const std::optional<Fingerprint> checked =
+      check ? std::optional<Fingerprint>(check->fingerprint) : std::nullopt;
   try {
     ensure_communicator(name);
     const auto device = static_cast<c10::DeviceIndex>(device_);
@@ -439,22 +537,65 @@ std::shared_ptr<Work> NcclEngine::launch(NcclOp op) {
         c10::cuda::CUDACachingAllocator::recordStream(tensor.storage().data_ptr(), stream);
       }
     }
-    // 3. The NCCL calls, as one group, then any follow-up on the same stream.
+    // 3. The fingerprint check's input, (h, -h), on the device.
+    constexpr size_t kCheckBytes = 2 * sizeof(int64_t);
+    std::function<void()> compare_while_stuck;
+    if (check) {
+      check->started = std::make_unique<CudaEvent>();
+      check->started->record(stream.stream());
+      if (!check_slots_) {
+        check_slots_ = FingerprintSlots::create();
+      }
+      check->slot = check_slots_->acquire(stream);
+      const int64_t hash = check->fingerprint.hash63();
+      check->slot.host()[0] = hash;
+      check->slot.host()[1] = -hash;
+      check_cuda(cudaMemcpyAsync(check->slot.device(), check->slot.host(), kCheckBytes,
+                                 cudaMemcpyHostToDevice, stream.stream()),
+                 name + ": cudaMemcpyAsync (fingerprint check)");
+      // NCCL may wait in ncclGroupEnd for a peer whose different call never
+      // comes: compare as the watchdog does for a stalled Work.
+      compare_while_stuck = [this, &fingerprint = check->fingerprint, &name,
+                             next = std::chrono::steady_clock::now() + kStallDelay]() mutable {
+        const auto now = std::chrono::steady_clock::now();
+        if (now < next) {
+          return;
+        }
+        next = now + kCompareInterval;
+        if (auto mismatch = compare_fingerprint(fingerprint)) {
+          throw CollectiveMismatchError(c10::str(name, ": ", *mismatch));
+        }
+      };
+    }
+    // 4. The NCCL calls, as one group (the check first, the same call on
+    //    every rank), then any follow-up on the same stream.
     check_nccl(ncclGroupStart(), comm_, name + ": ncclGroupStart");
     try {
+      if (check) {
+        check_nccl(ncclAllReduce(check->slot.device(), check->slot.device(), 2, ncclInt64, ncclMax,
+                                 comm_, stream.stream()),
+                   comm_, name + ": ncclAllReduce (fingerprint check)");
+      }
       op.issue(comm_, stream.stream(), name);
     } catch (...) {
       (void)ncclGroupEnd(); // closes the group; the error above is the one to report
       throw;
     }
     check_nccl(ncclGroupEnd(), comm_, name + ": ncclGroupEnd");
-    wait_until_ready(comm_, std::chrono::steady_clock::now() + op.timeout, op.timeout, name);
+    wait_until_ready(comm_, std::chrono::steady_clock::now() + op.timeout, op.timeout, name,
+                     compare_while_stuck);
+    if (check) {
+      // After wait_until_ready: only then is NCCL's kernel on the stream.
+      check_cuda(cudaMemcpyAsync(check->slot.host(), check->slot.device(), kCheckBytes,
+                                 cudaMemcpyDeviceToHost, stream.stream()),
+                 name + ": cudaMemcpyAsync (fingerprint check)");
+    }
     if (op.finish) {
       c10::cuda::CUDAStreamGuard stream_guard(stream);
       op.finish();
     }
-    // 4. The end event, and the Work for the watchdog.
-    auto work = std::make_shared<NcclWork>(name, op, device_, issuing, failure_);
+    // 5. The end event, and the Work for the watchdog.
+    auto work = std::make_shared<NcclWork>(name, op, device_, issuing, failure_, std::move(check));
     work->end_event().record(stream.stream());
     work->keep_alive(std::move(op.tensors));
     {
@@ -467,6 +608,19 @@ std::shared_ptr<Work> NcclEngine::launch(NcclOp op) {
     // The operation may be half-queued, and the other ranks are inside it:
     // the group cannot go on. See Note [NCCL failure].
     auto error = std::current_exception();
+    // A peer's different call may be why NCCL failed or kept waiting.
+    if (checked && !is_mismatch(error)) {
+      if (auto mismatch = compare_fingerprint(*checked)) {
+        error = std::make_exception_ptr(CollectiveMismatchError(c10::str(name, ": ", *mismatch)));
+      }
+    }
+    if (!failure_->record(error, error_text(error))) {
+      // A failure came first (the watchdog aborting the communicator, which
+      // this launch gave up for): that is the cause to report.
+      if (auto failure = failure_->message()) {
+        error = aborted_error(name, *failure);
+      }
+    }
     fail_group_locked(error);
     return failed_work(name, op.timeout, error);
   }
@@ -551,15 +705,25 @@ std::vector<std::shared_ptr<NcclWork>> NcclEngine::check_pending(
   }
   if (async_error) {
     const std::shared_ptr<NcclWork> culprit = pending.empty() ? nullptr : pending.front();
-    const std::string message = c10::str(
-        culprit ? culprit->name() : who_ + " (no operation running)",
-        ": NCCL reported an asynchronous error: ", nccl_result_text(*async_error),
-        nccl_said.empty() ? std::string() : "; NCCL said: " + nccl_said,
-        ". The NCCL communicator was aborted; the group is unusable: destroy it and create a new "
-        "one.");
-    const auto error = *async_error == ncclRemoteError
-                           ? std::make_exception_ptr(RemoteError(message, -1))
-                           : std::make_exception_ptr(CommError(message));
+    std::string message;
+    std::exception_ptr error;
+    // A peer that found a mismatch aborted its communicator: say so.
+    if (culprit && culprit->fingerprint()) {
+      if (auto mismatch = compare_fingerprint(*culprit->fingerprint())) {
+        message = c10::str(culprit->name(), ": ", *mismatch);
+        error = std::make_exception_ptr(CollectiveMismatchError(message));
+      }
+    }
+    if (!error) {
+      message = c10::str(
+          culprit ? culprit->name() : who_ + " (no operation running)",
+          ": NCCL reported an asynchronous error: ", nccl_result_text(*async_error),
+          nccl_said.empty() ? std::string() : "; NCCL said: " + nccl_said,
+          ". The NCCL communicator was aborted; the group is unusable: destroy it and create a new "
+          "one.");
+      error = *async_error == ncclRemoteError ? std::make_exception_ptr(RemoteError(message, -1))
+                                              : std::make_exception_ptr(CommError(message));
+    }
     if (culprit) {
       culprit->fail(error);
     }
@@ -568,9 +732,19 @@ std::vector<std::shared_ptr<NcclWork>> NcclEngine::check_pending(
     return pending;
   }
 
+  // A mismatch (Note [NCCL fingerprint check]) fails `work` and the group.
+  auto fail_with_mismatch = [&](const std::shared_ptr<NcclWork>& work, const std::string& mismatch) {
+    const std::string message = c10::str(work->name(), ": ", mismatch);
+    const auto error = std::make_exception_ptr(CollectiveMismatchError(message));
+    work->fail(error);
+    fail_group_from_watchdog(error);
+    fail_others(work, message);
+  };
+
   // Completions and deadlines, oldest first.
   std::vector<std::shared_ptr<NcclWork>> done;
   const auto now = std::chrono::steady_clock::now();
+  bool stall_compared = false; // only the oldest unfinished checked Work
   for (const auto& work : pending) {
     bool completed = false;
     try {
@@ -584,25 +758,83 @@ std::vector<std::shared_ptr<NcclWork>> NcclEngine::check_pending(
       return pending;
     }
     if (completed) {
+      // The check's verdict comes before any success; a failure recorded
+      // before the event completed (an abort completes it) comes first.
+      if (work->check_found_difference() && !failure_->message()) {
+        const auto patience = std::min(work->timeout(), kExplainPatience);
+        fail_with_mismatch(work, explain_hash_difference(*fingerprints_, *work->fingerprint(),
+                                                         patience, kExplainInterval));
+        return pending;
+      }
       // Callbacks run here; whatever they queue goes on the stream the
       // operation was issued from, as if they ran on the issuing thread.
       c10::cuda::CUDAStreamGuard guard(work->issuing_stream());
       work->finish();
       done.push_back(work);
     } else if (now >= work->deadline()) {
+      if (work->fingerprint()) {
+        if (auto mismatch = compare_fingerprint(*work->fingerprint())) {
+          fail_with_mismatch(work, *mismatch);
+          return pending;
+        }
+      }
       const std::string message = c10::str(
           work->name(), " timed out after ", work->timeout().count(),
           " ms: it had not completed on the GPU (a rank may be stuck, dead, or issuing collectives "
-          "in a different order). The NCCL communicator was aborted; the group is unusable: "
-          "destroy it and create a new one.");
+          "in a different order)", missing_ranks_clause(*work),
+          ". The NCCL communicator was aborted; the group is unusable: destroy it and create a new "
+          "one.");
       const auto error = std::make_exception_ptr(TimeoutError(message));
       work->fail(error);
       fail_group_from_watchdog(error);
       fail_others(work, message);
       return pending;
+    } else if (!stall_compared && work->fingerprint()) {
+      stall_compared = true;
+      if (stall_.seq != work->fingerprint()->seq || !stall_.running_since) {
+        stall_ = StallWatch{work->fingerprint()->seq, std::nullopt, {}};
+        if (work->started_on_gpu()) {
+          stall_.running_since = now;
+        }
+      }
+      if (stall_.running_since && now - *stall_.running_since >= kStallDelay &&
+          now >= stall_.next_comparison) {
+        stall_.next_comparison = now + kCompareInterval;
+        if (auto mismatch = compare_fingerprint(*work->fingerprint())) {
+          fail_with_mismatch(work, *mismatch);
+          return pending;
+        }
+      }
     }
   }
   return done;
+}
+
+std::optional<std::string> NcclEngine::compare_fingerprint(const Fingerprint& fingerprint) noexcept {
+  try {
+    return fingerprints_->publish_and_compare(fingerprint);
+  } catch (...) {
+    return std::nullopt; // the store failed: the operation ends at its deadline instead
+  }
+}
+
+std::string NcclEngine::missing_ranks_clause(const NcclWork& work) noexcept {
+  // Before kStallDelay no rank has published (a peer that reached the
+  // collective would be named as missing).
+  if (!work.fingerprint() || work.timeout() <= kStallDelay) {
+    return "";
+  }
+  try {
+    const auto& fingerprint = *work.fingerprint();
+    const auto missing = fingerprints_->ranks_missing(fingerprint.seq);
+    if (missing.empty()) {
+      return "";
+    }
+    return c10::str("; rank(s) ", c10::ArrayRef<int>(missing), " had not reached ", fingerprint.op, " #",
+                    fingerprint.seq);
+  } catch (...) {
+    return "";
+  }
 }
 
 void NcclEngine::fail_group_from_watchdog(std::exception_ptr error) {

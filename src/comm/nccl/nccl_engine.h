@@ -34,6 +34,11 @@
 // Failure. See Note [NCCL failure]: the watchdog, or a launch, records the
 // first failure in the shared `NcclFailure`, then aborts the communicator;
 // every pending Work fails, and so does every later launch.
+//
+// Fingerprints. With more than one rank, every collective's launch also
+// checks that the ranks called the same collective, and the watchdog
+// compares the fingerprint of a stalled one through the store: see Note
+// [NCCL fingerprint check].
 
 #include <c10/cuda/CUDAStream.h>
 
@@ -53,6 +58,7 @@
 #include <ddp/store/store.h>
 #include <ddp/comm/work.h>
 
+#include "comm/fingerprint.h"
 #include "comm/nccl/nccl_support.h"
 
 namespace ddp::internal {
@@ -66,6 +72,67 @@ namespace ddp::internal {
 // killed operations, and a Work whose event completes must not then count
 // as a success. Whoever completes a Work checks the failure after seeing its
 // event complete.
+
+// Note [NCCL fingerprint check]
+// NCCL collectives carry no tag, so ranks that call different collectives
+// at the same point of their sequence (Note [Collective fingerprints]) meet
+// inside NCCL: calls that move as many bytes complete with garbage (float32
+// against int32, SUM against MAX, two ranks that each think they are the
+// root), and calls that do not may hang. With more than one rank, every
+// collective (barrier included; not send/recv, which have no sequence
+// number) is checked in two ways.
+//
+// On the GPU, in its own launch. The launch writes (h, -h), h being the
+// fingerprint's hash63(), into a pinned host slot (FingerprintSlots),
+// copies it to the slot's device half, and, inside the operation's
+// ncclGroupStart/End and before the operation's own calls, adds an
+// ncclAllReduce MAX of those two int64. After the group it copies the 16
+// bytes back to the host slot, before the end event. The check is the same
+// call on every rank, first in every group, so it always matches. Once the
+// end event has completed, the slot holds (largest h, -smallest h), and
+// hashes_agree() tells whether every rank called the same thing. Whoever
+// sees the event complete reads it: the watchdog, or NcclWork::wait with a
+// timeout. A Work whose check found a difference never completes
+// successfully: NcclWork::finish leaves it to the watchdog, which asks the
+// store which call each rank made (explain_hash_difference: this rank
+// publishes its fingerprint and waits, a few seconds at most, for a peer's
+// that differs; a peer whose collective hangs publishes from its stall
+// check, below), records CollectiveMismatchError as the group's failure and
+// aborts the communicator (Note [NCCL failure]). Unlike MPI's check, this
+// one runs with the collective, not before it: the mismatched calls may
+// have moved data, so the group is unusable afterwards.
+//
+// When stalled. A hung kernel never delivers the check's result. As Gloo's
+// monitor does, the watchdog publishes the fingerprint of the oldest
+// unfinished checked collective (the stream runs them in order, so only it
+// can hold the others up) once it has been running on the GPU for
+// kStallDelay, and compares it with the other ranks' every
+// kCompareInterval, with non-blocking store reads. Running, not pending: an
+// event recorded before the operation (after its wait for the caller's
+// stream) tells when it started, so that a collective queued behind a long
+// computation costs no store traffic, which at scale would fall on one
+// store server from every rank. A launch that NCCL keeps waiting
+// (ncclGroupEnd setting up connections that a peer's different call never
+// sets up) does the same from its polling loop. A difference fails the
+// group with CollectiveMismatchError and aborts the communicator, which
+// ends the stuck kernels; each rank's own watchdog finds the other's
+// fingerprint, so every rank raises it. A timeout or an NCCL error (a peer
+// that aborted first) also looks for a mismatch in the store before it
+// reports itself; a timeout names the ranks that had not published the
+// collective (ranks_missing), as Gloo's does.
+//
+// Cost, with more than one rank: a 16-byte host-to-device copy, a 16-byte
+// allreduce in the same kernel launch as the collective, a 16-byte
+// device-to-host copy, one more event, and a slot taken and given back;
+// nothing on the CPU waits for them. With one rank there is no check:
+// nothing is allocated, copied or published, and the launch is what it was.
+//
+// What is left: a non-blocking wait() completes the Work before the GPU has
+// run it (docs/gpu.md), so that Work counts as a success even if its check
+// then finds a difference; the watchdog still fails the group, and a later
+// operation reports it (one that matched and completed before the watchdog
+// got there still succeeds: each Work answers for its own check). And two
+// different calls whose 63-bit hashes are equal are not told apart.
 
 // The first failure of a group, shared by the engine and its Works so that a
 // Work can report it even after its group is gone.
@@ -94,6 +161,10 @@ struct NcclOp {
   // Collectives take the next sequence number; send/recv do not (they are
   // outside the collective order, so numbers would differ across ranks).
   bool collective = true;
+  // What this rank calls, for the check of Note [NCCL fingerprint check]:
+  // built as the other backends build it for the same collective; its
+  // sequence number is set by the launch. Unused for send/recv.
+  Fingerprint fingerprint;
   // The tensors' device, or -1 when the operation has none.
   int device = -1;
   std::chrono::milliseconds timeout{0};
@@ -112,6 +183,17 @@ struct NcclOp {
   std::function<void()> finish;
 };
 
+// The fingerprint check of one collective (Note [NCCL fingerprint check]).
+// Filled in by the launch, read-only once its Work exists.
+struct NcclCheck {
+  Fingerprint fingerprint; // its sequence number is the Work's
+  FingerprintSlots::Lease slot; // where (largest h, -smallest h) lands
+  // Recorded on the communicator's stream before the operation, after its
+  // wait for the caller's stream: complete once the operation has started
+  // on the GPU, which is when a stall can begin.
+  std::unique_ptr<CudaEvent> started;
+};
+
 // The Work of one NCCL operation. See the narrative above for its two ways
 // to complete.
 //
@@ -121,9 +203,10 @@ class NcclWork : public Work {
  public:
   // Takes `op`'s timeout, outputs (moved out) and blocking_wait. `device` is
   // the operation's device and `issuing_stream` the caller's current stream
-  // when it was issued.
+  // when it was issued. `check` is the operation's fingerprint check, or
+  // null when it has none (one rank, send/recv).
   NcclWork(std::string name, NcclOp& op, int device, c10::cuda::CUDAStream issuing_stream,
-           std::shared_ptr<NcclFailure> failure);
+           std::shared_ptr<NcclFailure> failure, std::unique_ptr<NcclCheck> check = nullptr);
 
   // Without a timeout: orders the caller's current stream after the
   // operation and returns (or, for a blocking-wait Work such as a barrier,
@@ -132,11 +215,25 @@ class NcclWork : public Work {
   // has passed.
   void wait(std::chrono::milliseconds timeout = kUseGroupTimeout) override;
 
-  // Completes the Work with its outputs, unless a failure was recorded, in
-  // which case it fails. No-op once completed.
+  // Called once the end event has completed. Completes the Work with its
+  // outputs, unless a failure was recorded, in which case it fails, or its
+  // fingerprint check found a difference, in which case it leaves the Work
+  // to the watchdog (which fails it with CollectiveMismatchError). No-op
+  // once completed.
   void finish();
   // Fails the Work with `error`. No-op once completed.
   void fail(std::exception_ptr error);
+
+  // The checked collective's fingerprint, or null when it has no check.
+  const Fingerprint* fingerprint() const {
+    return check_ ? &check_->fingerprint : nullptr;
+  }
+  // Whether the fingerprint check found that the ranks' calls differ. Only
+  // meaningful once the end event has completed; false without a check.
+  bool check_found_difference() const;
+  // Whether the checked operation has started on the GPU (false without a
+  // check, or on a CUDA error, which the end event reports).
+  bool started_on_gpu() const noexcept;
 
   // The event recorded after the operation on the communicator's stream.
   CudaEvent& end_event() {
@@ -156,6 +253,11 @@ class NcclWork : public Work {
  private:
   // Claims the right to complete the Work; true for the first caller only.
   bool claim();
+  // `finish` without looking at the fingerprint check: for a non-blocking
+  // wait(), which completes the Work before the GPU has run it.
+  void finish_unchecked();
+  // end_event_.query(), false on a CUDA error (which the watchdog reports).
+  bool end_event_completed_quietly() const noexcept;
 
   const std::chrono::milliseconds timeout_;
   const std::chrono::steady_clock::time_point deadline_;
@@ -164,6 +266,8 @@ class NcclWork : public Work {
   const std::shared_ptr<NcclFailure> failure_;
   const std::vector<at::Tensor> outputs_;
   const bool blocking_wait_;
+  // Holds its slot until the Work is destroyed (see FingerprintSlots).
+  const std::unique_ptr<NcclCheck> check_;
   CudaEvent end_event_;
   std::mutex claim_mutex_;
   bool claimed_ = false; // guarded by claim_mutex_
@@ -215,8 +319,10 @@ class NcclEngine {
   int default_device() const;
   void ensure_communicator(const std::string& what);
   // Polls until the last non-blocking NCCL call on `comm` has taken effect.
+  // `on_poll`, when set, runs at each poll and may throw to give up.
   void wait_until_ready(ncclComm_t comm, std::chrono::steady_clock::time_point deadline,
-                        std::chrono::milliseconds timeout, const std::string& what);
+                        std::chrono::milliseconds timeout, const std::string& what,
+                        const std::function<void()>& on_poll = nullptr);
   // Records `error` as the group's failure (See Note [NCCL failure]) and
   // aborts the communicator. Needs launch_mutex_.
   void fail_group_locked(std::exception_ptr error);
@@ -234,6 +340,14 @@ class NcclEngine {
       const std::vector<std::shared_ptr<NcclWork>>& pending);
   void fail_group_from_watchdog(std::exception_ptr error);
 
+  // See Note [NCCL fingerprint check]. Publishes `fingerprint` and compares
+  // it with the other ranks' (non-blocking reads): the mismatch message, or
+  // nullopt when none is known (or the store failed).
+  std::optional<std::string> compare_fingerprint(const Fingerprint& fingerprint) noexcept;
+  // "; rank(s) [1] had not reached allreduce #4" for a checked Work that
+  // timed out, or "".
+  std::string missing_ranks_clause(const NcclWork& work) noexcept;
+
   const std::shared_ptr<Store> store_;
   const int rank_;
   const int size_;
@@ -241,6 +355,9 @@ class NcclEngine {
   const std::string who_;
   const std::string prefix_; // the group's keys in the store
   const std::shared_ptr<NcclFailure> failure_ = std::make_shared<NcclFailure>();
+  // Fingerprints published under prefix_ + "fp/"; null with one rank, which
+  // checks nothing (Note [NCCL fingerprint check]).
+  const std::unique_ptr<FingerprintExchange> fingerprints_;
 
   // Serializes launches, communicator creation and abort.
   mutable std::mutex launch_mutex_;
@@ -248,6 +365,8 @@ class NcclEngine {
   ncclComm_t comm_ = nullptr; // guarded by launch_mutex_; null before creation and after abort
   std::optional<c10::cuda::CUDAStream> stream_; // guarded by launch_mutex_
   std::unique_ptr<CudaEvent> ready_event_; // guarded by launch_mutex_
+  // The fingerprint checks' memory; made by the first checked launch.
+  std::shared_ptr<FingerprintSlots> check_slots_; // guarded by launch_mutex_
   uint64_t next_seq_ = 0; // guarded by launch_mutex_
   uint64_t next_point_to_point_ = 0; // guarded by launch_mutex_
   bool stopping_ = false; // guarded by launch_mutex_
@@ -259,6 +378,16 @@ class NcclEngine {
   std::condition_variable pending_cv_;
   std::deque<std::shared_ptr<NcclWork>> pending_; // guarded by pending_mutex_; launch order
   bool stop_watchdog_ = false; // guarded by pending_mutex_
+  // The stall comparison of Note [NCCL fingerprint check], the watchdog
+  // thread's alone: the sequence number of the Work it watches (the oldest
+  // unfinished checked one), since when that Work has been seen running on
+  // the GPU, and when to compare its fingerprint next.
+  struct StallWatch {
+    uint64_t seq = 0;
+    std::optional<std::chrono::steady_clock::time_point> running_since;
+    std::chrono::steady_clock::time_point next_comparison{};
+  };
+  StallWatch stall_;
   std::thread watchdog_;
 };
 

@@ -1,10 +1,13 @@
 #include "comm/nccl/nccl_support.h"
 
+#include <ATen/ops/empty.h>
 #include <c10/core/ScalarType.h>
+#include <c10/cuda/CUDAGuard.h>
 
 #include <algorithm>
 #include <optional>
 #include <thread>
+#include <utility>
 
 #include <ddp/comm/error.h>
 
@@ -42,6 +45,84 @@ bool CudaEvent::query() const {
 
 void CudaEvent::block(cudaStream_t stream) const {
   check_cuda(cudaStreamWaitEvent(stream, event_, 0), "cudaStreamWaitEvent");
+}
+
+// ---- FingerprintSlots --------------------------------------------------------
+
+FingerprintSlots::Lease::Lease(Lease&& other) noexcept
+    : owner_(std::move(other.owner_)), index_(other.index_), host_(other.host_), device_(other.device_) {
+  other.host_ = nullptr;
+  other.device_ = nullptr;
+}
+
+FingerprintSlots::Lease& FingerprintSlots::Lease::operator=(Lease&& other) noexcept {
+  if (this != &other) {
+    if (owner_) {
+      owner_->release(index_);
+    }
+    owner_ = std::move(other.owner_);
+    index_ = other.index_;
+    host_ = other.host_;
+    device_ = other.device_;
+    other.host_ = nullptr;
+    other.device_ = nullptr;
+  }
+  return *this;
+}
+
+FingerprintSlots::Lease::~Lease() {
+  if (owner_) {
+    owner_->release(index_);
+  }
+}
+
+std::shared_ptr<FingerprintSlots> FingerprintSlots::create() {
+  return std::make_shared<FingerprintSlots>(PrivateTag{});
+}
+
+FingerprintSlots::Lease FingerprintSlots::acquire(const c10::cuda::CUDAStream& stream) {
+  std::lock_guard<std::mutex> lock(mutex_);
+  if (free_.empty()) {
+    const auto count = static_cast<int64_t>(2 * kSlotsPerChunk);
+    Chunk chunk;
+    chunk.host = at::empty({count}, at::TensorOptions().dtype(at::kLong).pinned_memory(true));
+    {
+      // Allocated for the communicator's stream: the caching allocator
+      // reuses the block, once freed, only for work on that stream.
+      c10::cuda::CUDAStreamGuard guard(stream);
+      chunk.device = at::empty({count}, at::TensorOptions().dtype(at::kLong).device(stream.device()));
+    }
+    const size_t first = chunks_.size() * kSlotsPerChunk;
+    // Room for every slot, so that `release` never allocates.
+    free_.reserve(first + kSlotsPerChunk);
+    chunks_.push_back(std::move(chunk));
+    // Handed out lowest index first, so that a steady state reuses few slots.
+    for (size_t i = kSlotsPerChunk; i-- > 0;) {
+      free_.push_back(first + i);
+    }
+  }
+  const size_t index = free_.back();
+  free_.pop_back();
+  const Chunk& chunk = chunks_[index / kSlotsPerChunk];
+  const size_t offset = 2 * (index % kSlotsPerChunk);
+  Lease lease;
+  lease.owner_ = shared_from_this();
+  lease.index_ = index;
+  lease.host_ = chunk.host.data_ptr<int64_t>() + offset;
+  lease.device_ = chunk.device.data_ptr<int64_t>() + offset;
+  return lease;
+}
+
+void FingerprintSlots::release(size_t index) noexcept {
+  std::lock_guard<std::mutex> lock(mutex_);
+  free_.push_back(index); // within the capacity reserved in `acquire`
+}
+
+void FingerprintSlots::keep_until_exit(std::shared_ptr<FingerprintSlots> slots) {
+  static std::mutex mutex;
+  static std::vector<std::shared_ptr<FingerprintSlots>> kept; // guarded by mutex
+  std::lock_guard<std::mutex> lock(mutex);
+  kept.push_back(std::move(slots));
 }
 
 // ---- Types and operations ------------------------------------------------------

@@ -2,16 +2,22 @@
 
 // The small pieces of the NCCL backend that speak CUDA and NCCL types
 // (private header; compiled only with DDP_WITH_NCCL): an owned CUDA event,
-// the mapping of dtypes and ReduceOps to NCCL's, and the conversion of NCCL
-// and CUDA error codes into our CommError family.
+// the memory of the fingerprint checks, the mapping of dtypes and ReduceOps
+// to NCCL's, and the conversion of NCCL and CUDA error codes into our
+// CommError family.
 
 #include <ATen/core/Tensor.h>
+#include <c10/cuda/CUDAStream.h>
 #include <cuda_runtime_api.h>
 #include <nccl.h>
 
 #include <chrono>
 #include <cstddef>
+#include <cstdint>
+#include <memory>
+#include <mutex>
 #include <string>
+#include <vector>
 
 #include <ddp/comm/types.h>
 
@@ -51,6 +57,87 @@ class CudaEvent {
 
  private:
   cudaEvent_t event_ = nullptr;
+};
+
+// The memory of one engine's fingerprint checks (Note [NCCL fingerprint
+// check] in nccl_engine.h): for each operation in flight, a slot of two
+// int64 in pinned host memory, which the launch writes (h, -h) into and the
+// result is copied back to, and two on the device, which NCCL reduces in
+// place. Slots come in chunks of kSlotsPerChunk, allocated when none is
+// free (the first checked launch, and whenever more operations are in
+// flight than there are slots): the host part from LibTorch's pinned
+// allocator, the device part from the caching allocator on the
+// communicator's stream, so that only that stream, in order, reuses it.
+//
+// A slot is free again when the Lease holding it is destroyed. Its NcclWork
+// holds the Lease, and the watchdog holds the Work until the operation's
+// end event has completed (so its copies are done) or the group has failed
+// (after which no launch writes a slot again); so a launch never writes a
+// slot whose previous copies may still be pending.
+//
+// Thread-safety: `acquire` and the destruction of Leases may run on any
+// thread; the chunks and the free list are guarded by a mutex.
+class FingerprintSlots : public std::enable_shared_from_this<FingerprintSlots> {
+ public:
+  static constexpr size_t kSlotsPerChunk = 64;
+
+  // One slot, held by one operation; frees it on destruction.
+  //
+  // Thread-safety: owned by one object at a time; `host()` and `device()`
+  // may be read from any thread, and it may be destroyed on any thread.
+  class Lease {
+   public:
+    Lease() = default;
+    Lease(Lease&& other) noexcept;
+    Lease& operator=(Lease&& other) noexcept;
+    Lease(const Lease&) = delete;
+    Lease& operator=(const Lease&) = delete;
+    ~Lease();
+
+    // Two int64 of pinned host memory, and two of device memory. Non-owning:
+    // into the chunks of `owner_`, which this Lease keeps alive.
+    int64_t* host() const {
+      return host_;
+    }
+    int64_t* device() const {
+      return device_;
+    }
+
+   private:
+    friend class FingerprintSlots;
+    std::shared_ptr<FingerprintSlots> owner_; // null when empty or moved from
+    size_t index_ = 0;
+    int64_t* host_ = nullptr;
+    int64_t* device_ = nullptr;
+  };
+
+  static std::shared_ptr<FingerprintSlots> create();
+
+  // A free slot; allocates a chunk when none is free, on `stream`'s device
+  // (its device part for `stream`). Throws when the memory cannot be had.
+  Lease acquire(const c10::cuda::CUDAStream& stream);
+
+  // Keeps `slots` (and so its memory) until the process exits: for a group
+  // that failed, whose aborted operations may still copy into host slots
+  // that LibTorch's pinned allocator would otherwise hand to someone else.
+  static void keep_until_exit(std::shared_ptr<FingerprintSlots> slots);
+
+ private:
+  struct PrivateTag {};
+
+ public:
+  explicit FingerprintSlots(PrivateTag) {}
+
+ private:
+  void release(size_t index) noexcept;
+
+  struct Chunk {
+    at::Tensor host;   // int64[2 * kSlotsPerChunk], pinned
+    at::Tensor device; // int64[2 * kSlotsPerChunk]
+  };
+  std::mutex mutex_;
+  std::vector<Chunk> chunks_; // guarded by mutex_
+  std::vector<size_t> free_; // guarded by mutex_; slot i is in chunk i / kSlotsPerChunk
 };
 
 // How a tensor's elements travel through NCCL: `count` elements of `type`.

@@ -4,7 +4,11 @@
 //
 // Every collective checks its arguments on the caller's thread and throws
 // c10::Error on misuse, before it takes a sequence number, so that a
-// rejected call does not shift the numbering against the other ranks.
+// rejected call does not shift the numbering against the other ranks. Each
+// also describes its call as a Fingerprint, built exactly as the Gloo and
+// MPI backends build it for the same collective (so that mismatch messages
+// read the same on every backend); the engine checks it with more than one
+// rank (Note [NCCL fingerprint check]).
 // Reshaping that must come before the NCCL call (packing reduce_scatter's
 // inputs) runs on the caller's current stream, which the operation waits
 // for; unpacking after it (allgather's outputs) runs on the communicator's
@@ -146,8 +150,14 @@ std::shared_ptr<Work> ProcessGroupNCCL::allreduce_coalesced(const std::vector<at
   internal::check_coalesced(tensors, who, kNcclRules);
   const auto reduction = internal::nccl_reduction(tensors[0].scalar_type(), options.op, who);
 
+  int64_t numel = 0;
+  for (const auto& t : tensors) {
+    numel += t.numel();
+  }
+
   internal::NcclOp op;
   op.op_name = "allreduce";
+  op.fingerprint = internal::Fingerprint{"allreduce", tensors[0].scalar_type(), numel, options.op};
   op.device = device_index_of(tensors[0]);
   op.timeout = resolve_timeout(options.timeout);
   op.tensors = tensors;
@@ -177,6 +187,8 @@ std::shared_ptr<Work> ProcessGroupNCCL::broadcast(const at::Tensor& tensor,
 
   internal::NcclOp op;
   op.op_name = "broadcast";
+  op.fingerprint =
+      internal::Fingerprint{"broadcast", tensor.scalar_type(), tensor.numel(), std::nullopt, root};
   op.device = device_index_of(tensor);
   op.timeout = resolve_timeout(options.timeout);
   op.tensors = {tensor};
@@ -200,6 +212,7 @@ std::shared_ptr<Work> ProcessGroupNCCL::reduce(const at::Tensor& tensor, const R
 
   internal::NcclOp op;
   op.op_name = "reduce";
+  op.fingerprint = internal::Fingerprint{"reduce", tensor.scalar_type(), tensor.numel(), options.op, root};
   op.device = device_index_of(tensor);
   op.timeout = resolve_timeout(options.timeout);
   op.tensors = {tensor};
@@ -229,6 +242,7 @@ std::shared_ptr<Work> ProcessGroupNCCL::allgather(const std::vector<at::Tensor>&
 
   internal::NcclOp op;
   op.op_name = "allgather";
+  op.fingerprint = internal::Fingerprint{"allgather", input.scalar_type(), input.numel()};
   op.device = device_index_of(input);
   op.timeout = resolve_timeout(options.timeout);
   op.tensors = outputs;
@@ -259,6 +273,7 @@ std::shared_ptr<Work> ProcessGroupNCCL::allgather_into_tensor(const at::Tensor& 
 
   internal::NcclOp op;
   op.op_name = "allgather_into_tensor";
+  op.fingerprint = internal::Fingerprint{"allgather_into_tensor", input.scalar_type(), input.numel()};
   op.device = device_index_of(input);
   op.timeout = resolve_timeout(options.timeout);
   op.tensors = {output, input};
@@ -285,6 +300,8 @@ std::shared_ptr<Work> ProcessGroupNCCL::gather(const std::vector<at::Tensor>& ou
 
   internal::NcclOp op;
   op.op_name = "gather";
+  op.fingerprint =
+      internal::Fingerprint{"gather", input.scalar_type(), input.numel(), std::nullopt, root};
   op.device = device_index_of(input);
   op.timeout = resolve_timeout(options.timeout);
   op.tensors = outputs;
@@ -327,6 +344,8 @@ std::shared_ptr<Work> ProcessGroupNCCL::scatter(const at::Tensor& output,
 
   internal::NcclOp op;
   op.op_name = "scatter";
+  op.fingerprint =
+      internal::Fingerprint{"scatter", output.scalar_type(), output.numel(), std::nullopt, root};
   op.device = device_index_of(output);
   op.timeout = resolve_timeout(options.timeout);
   op.tensors = inputs;
@@ -373,6 +392,8 @@ std::shared_ptr<Work> ProcessGroupNCCL::reduce_scatter(const at::Tensor& output,
 
   internal::NcclOp op;
   op.op_name = "reduce_scatter";
+  op.fingerprint =
+      internal::Fingerprint{"reduce_scatter", output.scalar_type(), output.numel(), options.op};
   op.device = device_index_of(output);
   op.timeout = resolve_timeout(options.timeout);
   op.tensors = inputs;
@@ -402,6 +423,7 @@ std::shared_ptr<Work> ProcessGroupNCCL::alltoall(const at::Tensor& output, const
 
   internal::NcclOp op;
   op.op_name = "alltoall";
+  op.fingerprint = internal::Fingerprint{"alltoall", input.scalar_type(), input.numel()};
   op.device = device_index_of(input);
   op.timeout = resolve_timeout(options.timeout);
   op.tensors = {output, input};
@@ -441,6 +463,7 @@ std::shared_ptr<Work> ProcessGroupNCCL::barrier(const BarrierOptions& options) {
 
   internal::NcclOp op;
   op.op_name = "barrier";
+  op.fingerprint = internal::Fingerprint{"barrier"};
   op.device = device;
   op.timeout = resolve_timeout(options.timeout);
   op.tensors = {token};

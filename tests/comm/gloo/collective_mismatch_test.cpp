@@ -15,6 +15,7 @@
 
 #include <ddp/comm/error.h>
 
+#include "testing/mismatch_case.h"
 #include "testing/multi_rank.h"
 
 namespace ddp {
@@ -23,42 +24,9 @@ namespace {
 using namespace std::chrono_literals;
 using ddp::testing::make_gloo_group;
 using ddp::testing::run_processes;
+using ddp::testing::MismatchCase;
 
-// Exit codes the children use to report what they saw.
-constexpr int kSawMismatch = 10;
-constexpr int kSawWrongMessage = 11;
-constexpr int kSawOtherError = 12;
-constexpr int kNoError = 13;
-constexpr int kLaterNotFailed = 14;
-
-// One mismatch: what each rank calls, and how each rank's call reads in
-// the message ("allreduce #1 with float32[1000] SUM").
-struct MismatchCase {
-  std::string name;
-  std::function<std::shared_ptr<Work>(ProcessGroup& pg, int rank)> call;
-  std::function<std::string(int rank)> describe;
-};
-
-void PrintTo(const MismatchCase& c, std::ostream* os) {
-  *os << c.name;
-}
-
-std::string case_name(const ::testing::TestParamInfo<MismatchCase>& info) {
-  return info.param.name;
-}
-
-// "allreduce #1 with float32[1000] SUM" minus what both calls share: the
-// message quotes the op once when it is the same on both ranks.
-std::string expected_message(const MismatchCase& c, int rank) {
-  const int other = 1 - rank;
-  const std::string mine = c.describe(rank);
-  const std::string theirs = c.describe(other);
-  const std::string my_op = mine.substr(0, mine.find(' '));
-  const std::string their_op = theirs.substr(0, theirs.find(' '));
-  const std::string my_part = my_op == their_op ? mine.substr(mine.find(" with ") + 6) : mine;
-  return c10::str("[rank ", rank, "/2] ", my_op, " #1: rank ", other, " called ", theirs,
-                  ", this rank ", my_part);
-}
+using namespace ddp::testing; // the exit codes (testing/mismatch_case.h)
 
 class GlooMismatch : public ::testing::TestWithParam<MismatchCase> {};
 
@@ -77,7 +45,7 @@ TEST_P(GlooMismatch, IsAnErrorNamingBothCallsOnEveryRank) {
         } catch (const CollectiveMismatchError& e) {
           const double seconds =
               std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
-          const std::string expected = expected_message(c, rank);
+          const std::string expected = ddp::testing::expected_mismatch_message(c, rank);
           std::fprintf(stderr, "after %.2f s: %s\n", seconds, e.what());
           if (std::string(e.what()).find(expected) == std::string::npos) {
             std::fprintf(stderr, "expected the message to contain: %s\n", expected.c_str());
@@ -91,7 +59,7 @@ TEST_P(GlooMismatch, IsAnErrorNamingBothCallsOnEveryRank) {
           try {
             pg->allreduce(warmup)->wait();
           } catch (const CommError&) {
-            return kSawMismatch;
+            return kSawExpected;
           }
           return kLaterNotFailed;
         } catch (const std::exception& e) {
@@ -105,7 +73,7 @@ TEST_P(GlooMismatch, IsAnErrorNamingBothCallsOnEveryRank) {
     std::fprintf(stderr, "rank %d: %s", rank, results[rank].output.c_str()); // for ctest -V
     EXPECT_EQ(results[rank].signal, 0) << "rank " << rank << " crashed:\n" << results[rank].output;
     EXPECT_FALSE(results[rank].timed_out) << "rank " << rank << ":\n" << results[rank].output;
-    EXPECT_EQ(results[rank].exit_code, kSawMismatch) << "rank " << rank << ":\n" << results[rank].output;
+    EXPECT_EQ(results[rank].exit_code, kSawExpected) << "rank " << rank << ":\n" << results[rank].output;
   }
 }
 
@@ -161,7 +129,7 @@ INSTANTIATE_TEST_SUITE_P(
                        return rank == 0 ? std::string("allreduce #1 with float32[1000] SUM")
                                         : std::string("broadcast #1 with float32[1000] root 0");
                      }}),
-    case_name);
+    ddp::testing::mismatch_case_name);
 
 // Three ranks, one of which differs: every rank raises, each naming a rank
 // whose call differs from its own (rank 2 names whichever of ranks 0 and 1
@@ -187,7 +155,7 @@ TEST(GlooMismatch, OneRankOfThreeDiffers) {
                         : what.find(c10::str("[rank ", rank, "/3] allreduce #1: rank 2 called allreduce #1 "
                                              "with float32[2000] SUM, this rank float32[1000] SUM")) !=
                               std::string::npos;
-          return names_both ? kSawMismatch : kSawWrongMessage;
+          return names_both ? kSawExpected : kSawWrongMessage;
         } catch (const std::exception& e) {
           std::fprintf(stderr, "unexpected error: %s\n", e.what());
           return kSawOtherError;
@@ -197,7 +165,7 @@ TEST(GlooMismatch, OneRankOfThreeDiffers) {
       60s);
   for (int rank = 0; rank < 3; ++rank) {
     EXPECT_EQ(results[rank].signal, 0) << "rank " << rank << " crashed:\n" << results[rank].output;
-    EXPECT_EQ(results[rank].exit_code, kSawMismatch) << "rank " << rank << ":\n" << results[rank].output;
+    EXPECT_EQ(results[rank].exit_code, kSawExpected) << "rank " << rank << ":\n" << results[rank].output;
   }
 }
 
@@ -208,29 +176,10 @@ TEST(GlooMismatch, TimeoutNamesTheRankThatHadNotArrived) {
       [](int rank, std::shared_ptr<Store> store) -> int {
         torch::set_num_threads(1);
         auto pg = make_gloo_group(store, rank, 2, 20s);
-        auto t = torch::ones({16});
-        pg->allreduce(t)->wait();
-        if (rank == 1) {
-          std::this_thread::sleep_for(5s); // never calls #1; exits after rank 0 gave up
-          return kNoError;
-        }
-        AllreduceOptions options;
-        options.timeout = 2500ms;
-        try {
-          pg->allreduce(t, options)->wait(10s); // longer: the task's own deadline must fire
-        } catch (const TimeoutError& e) {
-          std::fprintf(stderr, "%s\n", e.what());
-          const bool names_rank =
-              std::string(e.what()).find("rank(s) [1] had not reached allreduce #1") != std::string::npos;
-          return names_rank ? kSawMismatch : kSawWrongMessage;
-        } catch (const std::exception& e) {
-          std::fprintf(stderr, "unexpected error: %s\n", e.what());
-          return kSawOtherError;
-        }
-        return kNoError;
+        return run_timeout_names_missing_rank(*pg, rank, torch::ones({16}), 5s, 10s);
       },
       60s);
-  EXPECT_EQ(results[0].exit_code, kSawMismatch) << results[0].output;
+  EXPECT_EQ(results[0].exit_code, kSawExpected) << results[0].output;
   EXPECT_EQ(results[1].signal, 0) << results[1].output;
 }
 
