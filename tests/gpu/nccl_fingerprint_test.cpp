@@ -44,10 +44,9 @@ using ddp::testing::MismatchCase;
 using ddp_gpu_test::cuda;
 using Clock = std::chrono::steady_clock;
 
-// Exit codes: kSawExpected ... kLaterNotFailed come from
-// testing/mismatch_case.h; these two are this test's own.
+// Exit codes: kSawExpected ... kTooSlow come from testing/mismatch_case.h;
+// this one is this test's own.
 using namespace ddp::testing;
-constexpr int kTooSlow = 15;
 constexpr int kWrongResult = 16;
 
 // The number of CUDA devices, from a child process (see the file comment).
@@ -117,37 +116,9 @@ TEST_P(NcclMismatch, IsAnErrorNamingBothCallsOnEveryRank) {
       2,
       [&c](int rank, std::shared_ptr<Store> store) -> int {
         auto pg = make_group(store, rank);
-        auto warmup = ones(16, rank);
-        pg->allreduce(warmup)->wait(60s); // #0 matches, and creates the communicator
-        const auto start = Clock::now();
-        try {
-          c.call(*pg, rank)->wait(60s);
-        } catch (const CollectiveMismatchError& e) {
-          const double seconds = std::chrono::duration<double>(Clock::now() - start).count();
-          const std::string expected = ddp::testing::expected_mismatch_message(c, rank);
-          std::fprintf(stderr, "after %.2f s: %s\n", seconds, e.what());
-          if (std::string(e.what()).find(expected) == std::string::npos) {
-            std::fprintf(stderr, "expected the message to contain: %s\n", expected.c_str());
-            return kSawWrongMessage;
-          }
-          // Long before the group's 20 s timeout: the check is read when the
-          // GPU finishes, a hang is compared after 1 s.
-          if (seconds > 10.0) {
-            return kTooSlow;
-          }
-          // The group is unusable now, and says so at once.
-          try {
-            pg->allreduce(warmup)->wait(10s);
-          } catch (const CommError& later) {
-            std::fprintf(stderr, "then: %s\n", later.what());
-            return kSawExpected;
-          }
-          return kLaterNotFailed;
-        } catch (const std::exception& e) {
-          std::fprintf(stderr, "unexpected error: %s\n", e.what());
-          return kSawOtherError;
-        }
-        return kNoError;
+        // Long before the group's 20 s timeout: the check is read when the
+        // GPU finishes, a hang is compared after 1 s.
+        return run_mismatch_case(*pg, c, rank, ones(16, rank), 10s, 60s);
       },
       120s);
   expect_ranks(results, kSawExpected);

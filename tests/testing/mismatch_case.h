@@ -30,6 +30,7 @@ constexpr int kSawWrongMessage = 11;
 constexpr int kSawOtherError = 12;
 constexpr int kNoError = 13;
 constexpr int kLaterNotFailed = 14;
+constexpr int kTooSlow = 15;
 
 // One mismatch: what each rank calls, and how each rank's call reads in
 // the message ("allreduce #1 with float32[1000] SUM").
@@ -59,6 +60,43 @@ inline std::string expected_mismatch_message(const MismatchCase& c, int rank) {
   const std::string my_part = my_op == their_op ? mine.substr(mine.find(" with ") + 6) : mine;
   return c10::str("[rank ", rank, "/2] ", my_op, " #1: rank ", other, " called ", theirs,
                   ", this rank ", my_part);
+}
+
+// One rank of a mismatch test, on any backend: after a matched allreduce
+// of `warmup` (#0), rank `rank` makes its call of `c` (#1), waiting at most
+// `wait_limit`; it must raise CollectiveMismatchError with
+// expected_mismatch_message() within `within`, and the group's next
+// collective must then fail at once (CommError). Returns kSawExpected or
+// what went wrong.
+inline int run_mismatch_case(ProcessGroup& pg, const MismatchCase& c, int rank, const at::Tensor& warmup,
+                             std::chrono::milliseconds within, std::chrono::milliseconds wait_limit) {
+  pg.allreduce(warmup)->wait(wait_limit);
+  const auto start = std::chrono::steady_clock::now();
+  try {
+    c.call(pg, rank)->wait(wait_limit);
+  } catch (const CollectiveMismatchError& e) {
+    const auto took = std::chrono::steady_clock::now() - start;
+    const std::string expected = expected_mismatch_message(c, rank);
+    std::fprintf(stderr, "after %.2f s: %s\n", std::chrono::duration<double>(took).count(), e.what());
+    if (std::string(e.what()).find(expected) == std::string::npos) {
+      std::fprintf(stderr, "expected the message to contain: %s\n", expected.c_str());
+      return kSawWrongMessage;
+    }
+    if (took > within) {
+      return kTooSlow;
+    }
+    try {
+      pg.allreduce(warmup)->wait(wait_limit);
+    } catch (const CommError& later) {
+      std::fprintf(stderr, "then: %s\n", later.what());
+      return kSawExpected;
+    }
+    return kLaterNotFailed;
+  } catch (const std::exception& e) {
+    std::fprintf(stderr, "unexpected error: %s\n", e.what());
+    return kSawOtherError;
+  }
+  return kNoError;
 }
 
 // One rank of the test "a timeout names the rank that never arrived", on

@@ -37,36 +37,8 @@ TEST_P(GlooMismatch, IsAnErrorNamingBothCallsOnEveryRank) {
       [&c](int rank, std::shared_ptr<Store> store) -> int {
         torch::set_num_threads(1);
         auto pg = make_gloo_group(store, rank, 2, 20s);
-        auto warmup = torch::ones({16});
-        pg->allreduce(warmup)->wait(); // #0 matches
-        const auto start = std::chrono::steady_clock::now();
-        try {
-          c.call(*pg, rank)->wait();
-        } catch (const CollectiveMismatchError& e) {
-          const double seconds =
-              std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
-          const std::string expected = ddp::testing::expected_mismatch_message(c, rank);
-          std::fprintf(stderr, "after %.2f s: %s\n", seconds, e.what());
-          if (std::string(e.what()).find(expected) == std::string::npos) {
-            std::fprintf(stderr, "expected the message to contain: %s\n", expected.c_str());
-            return kSawWrongMessage;
-          }
-          // Long before the 20 s deadline: the monitor looks after 1 s.
-          if (seconds > 8.0) {
-            return kSawOtherError;
-          }
-          // The group is unusable now, and says so at once.
-          try {
-            pg->allreduce(warmup)->wait();
-          } catch (const CommError&) {
-            return kSawExpected;
-          }
-          return kLaterNotFailed;
-        } catch (const std::exception& e) {
-          std::fprintf(stderr, "unexpected error: %s\n", e.what());
-          return kSawOtherError;
-        }
-        return kNoError;
+        // Long before the 20 s deadline: the monitor looks after 1 s.
+        return run_mismatch_case(*pg, c, rank, torch::ones({16}), 8s, 20s);
       },
       60s);
   for (int rank = 0; rank < 2; ++rank) {
