@@ -5,6 +5,7 @@
 
 #include <algorithm>
 #include <atomic>
+#include <cerrno>
 #include <chrono>
 #include <cstdlib>
 #include <map>
@@ -316,8 +317,18 @@ std::shared_ptr<ProcessGroup> create_mpi_group(const InitOptions& options, int r
                                                const std::vector<int>& mpi_ranks = {}) {
   const std::string asked = options.backend() == Backend::kMpi ? "Backend::kMpi" : "DDP_BACKEND=mpi";
 #ifdef DDP_WITH_MPI
-  auto group = ProcessGroupMPI::create(
-      ProcessGroupMPIOptions().timeout(options.timeout()).ranks(mpi_ranks));
+  auto mpi_options = ProcessGroupMPIOptions().timeout(options.timeout()).ranks(mpi_ranks);
+  if (const auto text = internal::env_get(internal::kEnvMpiSharedMemoryMinBytes)) {
+    char* end = nullptr;
+    errno = 0;
+    const long long value = std::strtoll(text->c_str(), &end, 10);
+    DDP_CHECK(!text->empty() && *end == '\0' && errno == 0 && value >= -1, "init_process_group: ",
+              internal::kEnvMpiSharedMemoryMinBytes.name, "='", *text,
+              "' is not a byte count (an integer >= 0, or -1 to keep DDP's buckets out of shared "
+              "memory)");
+    mpi_options.shared_memory_min_bytes(value);
+  }
+  auto group = ProcessGroupMPI::create(mpi_options);
   DDP_CHECK(rank < 0 || (group->rank() == rank && group->size() == world_size),
             "init_process_group: ", asked, ": the MPI backend's rank and world size are MPI's (rank ",
             group->rank(), " of ", group->size(), "), but rank ", rank, " of ", world_size,

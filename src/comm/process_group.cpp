@@ -1,5 +1,7 @@
 #include <ddp/comm/process_group.h>
 
+#include <ATen/ATen.h>
+
 #include "internal/check.h"
 
 namespace ddp {
@@ -21,6 +23,12 @@ ProcessGroup::ProcessGroup(NonMemberTag, int size, std::chrono::milliseconds tim
 ProcessGroup::~ProcessGroup() = default;
 
 void ProcessGroup::wait_for_pending_work() {}
+
+at::Tensor ProcessGroup::allocate_collective_buffer(int64_t numel, const at::TensorOptions& options) {
+  DDP_CHECK(numel >= 0, rank_prefix(), " allocate_collective_buffer: numel must not be negative (got ",
+            numel, ")");
+  return at::zeros({numel}, options);
+}
 
 bool ProcessGroup::supports_sparse_allreduce(c10::DeviceType /*device_type*/) const {
   return sparse_allreduce_;

@@ -56,6 +56,10 @@ inline constexpr EnvVar kEnvBackend{"DDP_BACKEND", nullptr,
     "binary runs under ddprun with Gloo and under `DDP_BACKEND=mpi mpirun -np N` with MPI. An "
     "explicit InitOptions::backend wins. Unset or auto: NCCL with Gloo when built with NCCL and a "
     "GPU is present, else Gloo."};
+inline constexpr EnvVar kEnvMpiSharedMemoryMinBytes{"DDP_MPI_SHARED_MEMORY_MIN_BYTES", nullptr,
+    "The MPI group that init_process_group creates: its shared_memory_min_bytes, the size from "
+    "which DDP's buckets go in memory every rank of the node maps (an integer; -1 turns it off). "
+    "Unset: ProcessGroupMPIOptions' default, 65536."};
 // Networking.
 inline constexpr EnvVar kEnvSocketIfname{"DDP_SOCKET_IFNAME", nullptr,
     "Network interface Gloo binds to (e.g. eth0). Default: the interface that reaches MASTER_ADDR."};

@@ -223,7 +223,9 @@ void Reducer::initialize_buckets(const std::vector<std::vector<size_t>>& assignm
       total += parameters_[index].numel();
     }
     const auto& first = parameters_[assignment[b].front()];
-    bucket.buffer = at::zeros({total}, first.options().requires_grad(false));
+    // A collective: every rank builds the same buckets at the same point
+    // (here, at construction, or after rebuild_buckets_if_due's broadcast).
+    bucket.buffer = group_->allocate_collective_buffer(total, first.options().requires_grad(false));
     std::vector<std::string> names;
     int64_t offset = 0;
     for (size_t k = 0; k < assignment[b].size(); ++k) {

@@ -21,6 +21,7 @@
 
 #include <algorithm>
 #include <cstdio>
+#include <cstdlib>
 #include <exception>
 #include <functional>
 #include <memory>
@@ -198,6 +199,20 @@ void parity_mlp(Report& report, const BucketSize& size, bool as_view) {
                                            " storage with " + names[0] + "'s, in the same bucket");
     }
   }
+#ifdef DDP_WITH_MPI
+  // Under MPI with DDP_MPI_SHARED_MEMORY_MIN_BYTES=0 every bucket is in
+  // memory that the ranks share (Note [MPI shared buffers]); the gradients
+  // are views of the buckets here.
+  const char* min_bytes = std::getenv("DDP_MPI_SHARED_MEMORY_MIN_BYTES");
+  auto* mpi = dynamic_cast<ddp::ProcessGroupMPI*>(ddp::default_process_group().get());
+  if (as_view && mpi != nullptr && mpi->size() > 1 && min_bytes != nullptr &&
+      std::string(min_bytes) == "0") {
+    for (const auto& p : net->named_parameters()) {
+      report.expect(mpi->is_shared_buffer(p.value().grad()),
+                    p.key() + "'s gradient is not in a bucket in shared memory");
+    }
+  }
+#endif
   report.end_case();
 }
 

@@ -4,6 +4,7 @@
 
 #include <ATen/core/Tensor.h>
 #include <c10/core/DeviceType.h>
+#include <c10/core/TensorOptions.h>
 
 #include <chrono>
 #include <memory>
@@ -160,6 +161,17 @@ class ProcessGroup {
   /// backend declared with `set_supports_sparse_allreduce` (false unless it
   /// did).
   virtual bool supports_sparse_allreduce(c10::DeviceType device_type) const;
+
+  /// A zero-filled, contiguous 1-D tensor of `numel` elements for
+  /// collectives that run again and again on the same memory, as
+  /// DistributedDataParallel's gradient buckets do. A collective: every rank
+  /// calls it at the same point, with the same `numel` and `options`; it
+  /// blocks until the memory is ready (within the group's timeout). The
+  /// default is `at::zeros`. The MPI backend, when every rank is on one
+  /// node, puts large CPU buffers in memory that all the ranks map, and
+  /// reduces them in place without sending messages
+  /// (`ProcessGroupMPIOptions::shared_memory_min_bytes`).
+  virtual at::Tensor allocate_collective_buffer(int64_t numel, const at::TensorOptions& options);
 
   /// Blocks until every operation issued on this group so far has completed
   /// or failed (each is bounded by its own deadline); their errors stay with

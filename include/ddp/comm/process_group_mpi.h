@@ -41,6 +41,16 @@ struct ProcessGroupMPIOptions {
   /// 4.1 runs more slowly on large buffers (docs/benchmarks.md). A negative
   /// value always uses MPI_Allreduce. Default: 8 MiB.
   TORCH_ARG(int64_t, ring_allreduce_min_bytes) = int64_t{8} << 20;
+  /// `allocate_collective_buffer` gives CPU buffers of at least this many
+  /// bytes in memory that every rank maps, when every rank of the group is
+  /// on one node; an allreduce of such a buffer (the same range on every
+  /// rank) reads the peers' memory directly, with no messages: each rank
+  /// reduces its share of the buffer once and writes the result into every
+  /// rank's buffer. DDP allocates its gradient buckets this way. A negative
+  /// value turns it off. The memory comes from /dev/shm; when that is full
+  /// the buffers are private, with a warning. Must be the same on every
+  /// rank. Default: 65536.
+  TORCH_ARG(int64_t, shared_memory_min_bytes) = 65536;
   /// The ranks of MPI_COMM_WORLD that form the group, sorted ascending, this
   /// process's among them: group rank r is world rank ranks[r] (a
   /// communicator made with MPI_Comm_create_group, which only these ranks
@@ -132,6 +142,12 @@ class ProcessGroupMPI : public ProcessGroup {
   std::shared_ptr<Work> alltoall(
       const at::Tensor& output, const at::Tensor& input, const AlltoallOptions& options = {}) override;
   std::shared_ptr<Work> barrier(const BarrierOptions& options = {}) override;
+  /// See ProcessGroup; buffers in shared memory as
+  /// `ProcessGroupMPIOptions::shared_memory_min_bytes` says.
+  at::Tensor allocate_collective_buffer(int64_t numel, const at::TensorOptions& options) override;
+  /// Whether `tensor` lies in a buffer of this group that every rank maps
+  /// (see `allocate_collective_buffer`).
+  bool is_shared_buffer(const at::Tensor& tensor) const;
   /// Returns once every collective issued so far has completed or failed,
   /// or once one has timed out (it stays blocked inside MPI; see the class
   /// comment). Not send/recv: they complete in their own `wait`.

@@ -4,6 +4,7 @@
 ddp_add_part(ddp_comm_gloo
   src/comm/gloo/process_group_gloo.cpp
   src/comm/gloo/gloo_exchange_allreduce.cpp
-  src/comm/gloo/gloo_rendezvous.cpp)
+  src/comm/gloo/gloo_rendezvous.cpp
+  src/comm/gloo/sigpipe_guard.cpp)
 target_link_libraries(ddp_comm_gloo PUBLIC ${CMAKE_DL_LIBS})
 target_precompile_headers(ddp_comm_gloo PRIVATE <ATen/ATen.h>)

@@ -15,6 +15,7 @@
 #include <ddp/comm/error.h>
 
 #include "comm/gloo/gloo_origin.h"
+#include "comm/gloo/sigpipe_guard.h"
 #include "internal/check.h"
 #include "internal/env.h"
 
@@ -203,6 +204,9 @@ std::shared_ptr<gloo::transport::Device> make_gloo_device(const DeviceChoice& ch
     attr.hostname = choice.hostname;
   }
   try {
+    // Gloo's event-loop thread starts here, with this thread's signal mask:
+    // See Note [SIGPIPE and Gloo].
+    internal::SigpipeGuard guard;
     return gloo::transport::tcp::CreateDevice(attr);
   } catch (const std::exception& e) {
     throw IoError(c10::str(
@@ -391,6 +395,7 @@ GlooOrigin gloo_origin() {
   origin.algorithms = object_holding(reinterpret_cast<const void*>(allreduce));
   gloo::transport::tcp::attr attr;
   attr.hostname = "127.0.0.1";
+  internal::SigpipeGuard guard; // See Note [SIGPIPE and Gloo]
   const auto device = gloo::transport::tcp::CreateDevice(attr);
   // The first word of a polymorphic object is its vtable pointer.
   const void* vtable = *reinterpret_cast<const void* const*>(device.get());

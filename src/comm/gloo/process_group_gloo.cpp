@@ -48,6 +48,7 @@
 #include "comm/gloo/gloo_exchange_allreduce.h"
 #include "comm/gloo/gloo_rendezvous.h"
 #include "comm/host_staging.h"
+#include "comm/gloo/sigpipe_guard.h"
 #include "comm/reduce_kernels.h"
 #include "internal/check.h"
 
@@ -216,11 +217,22 @@ class DDP_GLOO_HIDDEN ProcessGroupGloo::Impl {
   Impl(ProcessGroupGloo& group, std::shared_ptr<Store> store,
        const ProcessGroupGlooOptions& options)
       : group_(group), store_(std::move(store)) {
-    connect(options);
-    for (int i = 0; i < kWorkerThreads; ++i) {
-      workers_.emplace_back([this] { run_worker(); });
+    {
+      // The rendezvous writes to Gloo's sockets from this thread, and Gloo's
+      // event-loop thread starts here: See Note [SIGPIPE and Gloo].
+      internal::SigpipeGuard guard;
+      connect(options);
     }
-    monitor_ = std::thread([this] { run_monitor(); });
+    for (int i = 0; i < kWorkerThreads; ++i) {
+      workers_.emplace_back([this] {
+        internal::block_sigpipe_in_this_thread(); // See Note [SIGPIPE and Gloo]
+        run_worker();
+      });
+    }
+    monitor_ = std::thread([this] {
+      internal::block_sigpipe_in_this_thread();
+      run_monitor();
+    });
   }
 
   ~Impl() {
@@ -1133,6 +1145,7 @@ std::shared_ptr<Work> ProcessGroupGloo::Impl::start_point_to_point(bool is_send,
   auto buffer = context_->createUnboundBuffer(host.data_ptr(), host.nbytes());
   const uint64_t slot = gloo::Slot::build(kPointToPointSlotPrefix, static_cast<uint32_t>(options.tag));
   try {
+    internal::SigpipeGuard guard; // posting may write at once: See Note [SIGPIPE and Gloo]
     if (is_send) {
       buffer->send(peer, slot);
     } else {

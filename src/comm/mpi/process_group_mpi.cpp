@@ -29,6 +29,7 @@
 #include "comm/mpi/mpi_engine.h"
 #include "comm/mpi/mpi_ring.h"
 #include "comm/mpi/mpi_runtime.h"
+#include "comm/mpi/mpi_shared_buffers.h"
 #include "comm/mpi/mpi_sparse.h"
 #include "comm/mpi/mpi_types.h"
 #include "comm/reduce_kernels.h"
@@ -41,17 +42,23 @@ namespace mpi = internal::mpi;
 
 class ProcessGroupMPI::Impl {
  public:
-  Impl(std::string who, int size, const ProcessGroupMPIOptions& options)
+  Impl(std::string who, int rank, int size, const ProcessGroupMPIOptions& options)
       : ring_allreduce_min_bytes(options.ring_allreduce_min_bytes()),
+        shared_memory_min_bytes(options.shared_memory_min_bytes()),
+        shared(who, rank, size),
         engine(std::move(who), size,
                mpi::EngineOptions{options.watchdog_interval(), options.arrival_wait_min_bytes()},
                options.ranks()) {}
 
   const int64_t ring_allreduce_min_bytes;
+  const int64_t shared_memory_min_bytes;
   // The ring allreduce's scratch buffer, kept between calls; used by the
   // worker thread alone. Declared before `engine`, whose destructor stops
   // the worker, so that it outlives every task.
   std::vector<uint8_t> ring_scratch;
+  // The buffers in shared memory (Note [MPI shared buffers]); allocated and
+  // reduced by the worker thread. Declared before `engine` too.
+  mpi::SharedBuffers shared;
   mpi::MpiEngine engine;
 };
 
@@ -235,7 +242,7 @@ std::string ProcessGroupMPI::mpi_version() {
 
 ProcessGroupMPI::ProcessGroupMPI(PrivateTag, int rank, int size, const ProcessGroupMPIOptions& options)
     : ProcessGroup(rank, size, options.timeout()) {
-  impl_ = std::make_unique<Impl>(rank_prefix(), size, options);
+  impl_ = std::make_unique<Impl>(rank_prefix(), rank, size, options);
   set_supports_sparse_allreduce(true); // Note [Sparse allreduce over MPI]
 }
 
@@ -271,16 +278,32 @@ std::shared_ptr<Work> ProcessGroupMPI::allreduce_coalesced(const std::vector<at:
   const int size = this->size();
   const int rank = this->rank();
   const int64_t bytes = bytes_of(tensors);
-  // The same choice on every rank: it depends on the size alone.
+  // The same choices on every rank: they depend on the size alone (the
+  // fingerprint check has compared dtype and element count).
   const bool ring = size > 1 && impl_->ring_allreduce_min_bytes >= 0 &&
                     bytes >= impl_->ring_allreduce_min_bytes;
-  auto kernel = ring ? internal::reduce_kernel(tensors[0].scalar_type(), options.op)
-                     : internal::ReduceKernel();
-  std::vector<uint8_t>* scratch = &impl_->ring_scratch; // outlives the task (see Impl)
+  const bool try_shared = size > 1 && impl_->shared_memory_min_bytes >= 0 &&
+                          bytes >= impl_->shared_memory_min_bytes;
+  auto kernel = ring || try_shared ? internal::reduce_kernel(tensors[0].scalar_type(), options.op)
+                                   : internal::ReduceKernel();
+  // Both outlive the task (see Impl).
+  std::vector<uint8_t>* scratch = &impl_->ring_scratch;
+  mpi::SharedBuffers* shared = &impl_->shared;
   return impl_->engine.enqueue(
       internal::Fingerprint{"allreduce", tensors[0].scalar_type(), total_numel(tensors), options.op},
       resolve_timeout(options.timeout), tensors, bytes,
-      [tensors, reduction, average, size, rank, ring, kernel, scratch](MPI_Comm comm) {
+      [tensors, reduction, average, size, rank, ring, try_shared, bytes, kernel, scratch,
+       shared](MPI_Comm comm) {
+        // Note [MPI shared buffers]: every rank asks whether they all pass
+        // the same range of one shared buffer once the group has any.
+        if (try_shared && shared->any_allocated()) {
+          const auto where =
+              tensors.size() == 1 ? shared->locate(tensors[0]) : mpi::SharedLocation{};
+          if (shared->agree(comm, where, bytes)) {
+            shared->allreduce(comm, tensors[0], where, kernel, average);
+            return tensors;
+          }
+        }
         internal::HostStaging staging;
         // One tensor is reduced in place; several are packed into one buffer
         // so that they cost one collective.
@@ -530,6 +553,34 @@ std::shared_ptr<Work> ProcessGroupMPI::barrier(const BarrierOptions& options) {
                                  mpi::check_mpi(MPI_Barrier(comm), "MPI_Barrier");
                                  return std::vector<at::Tensor>{};
                                });
+}
+
+at::Tensor ProcessGroupMPI::allocate_collective_buffer(int64_t numel,
+                                                       const at::TensorOptions& options) {
+  const std::string who = rank_prefix() + " allocate_collective_buffer";
+  DDP_CHECK(numel >= 0, who, ": numel must not be negative (got ", numel, ")");
+  const int64_t bytes = numel * static_cast<int64_t>(options.dtype().itemsize());
+  // The same choice on every rank, given the same arguments.
+  if (size() < 2 || options.device().type() != c10::kCPU || impl_->shared_memory_min_bytes < 0 ||
+      bytes == 0 || bytes < impl_->shared_memory_min_bytes) {
+    return ProcessGroup::allocate_collective_buffer(numel, options);
+  }
+  // A collective in issue order, on the worker thread: the allocation makes
+  // MPI calls on the group's communicator (Note [MPI shared buffers]).
+  auto buffer = std::make_shared<at::Tensor>();
+  mpi::SharedBuffers* shared = &impl_->shared; // outlives the task (see Impl)
+  auto work = impl_->engine.enqueue(
+      internal::Fingerprint{"allocate_collective_buffer", options.dtype().toScalarType(), numel},
+      timeout(), {}, 0, [buffer, shared, numel, options](MPI_Comm comm) {
+        *buffer = shared->allocate(comm, numel, options);
+        return std::vector<at::Tensor>{};
+      });
+  work->wait();
+  return buffer->defined() ? *buffer : ProcessGroup::allocate_collective_buffer(numel, options);
+}
+
+bool ProcessGroupMPI::is_shared_buffer(const at::Tensor& tensor) const {
+  return tensor.defined() && impl_->shared.locate(tensor).id >= 0;
 }
 
 void ProcessGroupMPI::wait_for_pending_work() {

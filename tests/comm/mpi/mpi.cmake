@@ -28,13 +28,13 @@ if(NOT DDP_HAVE_MPI)
 endif()
 
 # ddp_add_mpi_test(<name> NP <n> COMMAND <target> [ARGS <args...>] TIMEOUT <s>
-#                  [LABELS <labels...>] [PASS_REGULAR_EXPRESSION <regex>])
-# Runs <target> under `mpirun -np <n>` with DDP_BACKEND=mpi and one OpenMP
-# thread per rank (what ddprun sets for several ranks). With
+#                  [LABELS <labels...>] [ENV <VAR=value...>] [PASS_REGULAR_EXPRESSION <regex>])
+# Runs <target> under `mpirun -np <n>` with DDP_BACKEND=mpi, one OpenMP
+# thread per rank (what ddprun sets for several ranks) and the ENV variables. With
 # PASS_REGULAR_EXPRESSION, CTest ignores the exit code, so mpirun's report of
 # a failed rank and the programs' own failure words fail the test instead.
 function(ddp_add_mpi_test name)
-  cmake_parse_arguments(T "" "NP;COMMAND;TIMEOUT;PASS_REGULAR_EXPRESSION" "ARGS;LABELS" ${ARGN})
+  cmake_parse_arguments(T "" "NP;COMMAND;TIMEOUT;PASS_REGULAR_EXPRESSION" "ARGS;LABELS;ENV" ${ARGN})
   if(NOT T_TIMEOUT)
     message(FATAL_ERROR "ddp_add_mpi_test(${name}): every test needs a TIMEOUT")
   endif()
@@ -42,7 +42,7 @@ function(ddp_add_mpi_test name)
     COMMAND ${MPIEXEC_EXECUTABLE} ${MPIEXEC_NUMPROC_FLAG} ${T_NP} ${DDP_MPIEXEC_FLAGS}
             ${MPIEXEC_PREFLAGS} $<TARGET_FILE:${T_COMMAND}> ${MPIEXEC_POSTFLAGS} ${T_ARGS})
   set_tests_properties(${name} PROPERTIES TIMEOUT ${T_TIMEOUT} LABELS "mpi;${T_LABELS}"
-    ENVIRONMENT "DDP_BACKEND=mpi;OMP_NUM_THREADS=1")
+    ENVIRONMENT "DDP_BACKEND=mpi;OMP_NUM_THREADS=1;${T_ENV}")
   if(T_PASS_REGULAR_EXPRESSION)
     set_tests_properties(${name} PROPERTIES PASS_REGULAR_EXPRESSION "${T_PASS_REGULAR_EXPRESSION}"
       FAIL_REGULAR_EXPRESSION "DIFFER|WRONG|non-zero exit code|exited on signal|MPI_ABORT")
@@ -97,6 +97,11 @@ add_test(NAME mpi_outside_mpi_launcher COMMAND mpi_failure_main init)
 set_tests_properties(mpi_outside_mpi_launcher PROPERTIES TIMEOUT 60 LABELS mpi
   ENVIRONMENT "DDP_BACKEND=mpi;WORLD_SIZE=2;RANK=0;MASTER_ADDR=127.0.0.1;MASTER_PORT=1"
   PASS_REGULAR_EXPRESSION "MPI sees this process as a world of its own.*DDP_BACKEND=mpi mpirun -np 2")
+# A shared-memory threshold that is not a number.
+add_test(NAME mpi_shared_memory_env_invalid COMMAND mpi_failure_main init)
+set_tests_properties(mpi_shared_memory_env_invalid PROPERTIES TIMEOUT 60 LABELS mpi
+  ENVIRONMENT "DDP_BACKEND=mpi;DDP_MPI_SHARED_MEMORY_MIN_BYTES=64k"
+  PASS_REGULAR_EXPRESSION "DDP_MPI_SHARED_MEMORY_MIN_BYTES='64k' is not a byte count")
 # ddprun does not start MPI jobs, and says which launcher does.
 add_test(NAME ddprun_refuses_mpi
   COMMAND $<TARGET_FILE:ddprun> --nproc-per-node 2 $<TARGET_FILE:mpi_failure_main> init)
@@ -118,6 +123,12 @@ ddp_add_mpi_test(ddp_parity_mpi_2_ranks NP 2 COMMAND ddp_parity_main TIMEOUT 120
 # Subgroups as communicators of MPI_COMM_WORLD (tests/comm/comm.cmake).
 ddp_add_mpi_test(subgroups_mpi_4_ranks NP 4 COMMAND subgroups_main TIMEOUT 180)
 ddp_add_mpi_test(ddp_parity_mpi_3_ranks NP 3 COMMAND ddp_parity_main TIMEOUT 180)
+# Every bucket in shared memory (Note [MPI shared buffers]), however small:
+# the same parity, and the program checks that the buckets are shared.
+foreach(np 2 3)
+  ddp_add_mpi_test(ddp_parity_mpi_${np}_ranks_shared_buckets NP ${np} COMMAND ddp_parity_main
+    TIMEOUT 180 ENV DDP_MPI_SHARED_MEMORY_MIN_BYTES=0)
+endforeach()
 # Sparse gradients through the MPI backend's sparse allreduce (Note [Sparse
 # allreduce over MPI]): the same checks as ddp_sparse_{2,3}_ranks on Gloo.
 ddp_add_mpi_test(ddp_sparse_mpi_2_ranks NP 2 COMMAND ddp_sparse_main TIMEOUT 90)
@@ -130,6 +141,13 @@ foreach(np 2 3)
   ddp_add_mpi_test(ddp_join_checkpoint_mpi_${np}_ranks NP ${np} COMMAND ddp_join_checkpoint_main
     ARGS ${_ddp_scratch} $<TARGET_FILE:ddp_checkpoint_plain_load> TIMEOUT 180)
 endforeach()
+# Join with shared buckets: a rank that has joined reduces private zeros,
+# the others their shared buckets, and the allreduce takes messages.
+set(_ddp_scratch ${CMAKE_CURRENT_BINARY_DIR}/mpi_join_shared)
+file(MAKE_DIRECTORY ${_ddp_scratch})
+ddp_add_mpi_test(ddp_join_checkpoint_mpi_2_ranks_shared_buckets NP 2 COMMAND ddp_join_checkpoint_main
+  ARGS ${_ddp_scratch} $<TARGET_FILE:ddp_checkpoint_plain_load> TIMEOUT 180
+  ENV DDP_MPI_SHARED_MEMORY_MIN_BYTES=0)
 if(DDP_BUILD_EXAMPLES)
   ddp_add_mpi_test(toy_model_mpi_2_ranks NP 2 COMMAND toy_model TIMEOUT 90
     PASS_REGULAR_EXPRESSION "toy_model: rank 1 of 2 on cpu, backend mpi")

@@ -173,6 +173,138 @@ TEST(Mpi, SendRecvAcrossTagsAndDtypes) {
   pg.barrier()->wait();
 }
 
+// ---- Buffers in shared memory (Note [MPI shared buffers]) --------------------------
+
+// Rank `rank`'s input for `op`: values whose reductions are exact in every
+// dtype on up to 4 ranks.
+at::Tensor shared_test_input(ReduceOp op, int rank, int64_t count, at::ScalarType dtype) {
+  if (dtype == at::kBool) {
+    return torch::full({count}, rank == 0, torch::kBool);
+  }
+  switch (op) {
+    case ReduceOp::kProduct:
+      return torch::full({count}, rank + 1, torch::kLong).to(dtype);
+    case ReduceOp::kBand:
+    case ReduceOp::kBor:
+    case ReduceOp::kBxor:
+      return torch::full({count}, int64_t{1} << rank, torch::kLong).to(dtype);
+    default:
+      return (torch::arange(count, torch::kLong).remainder(5) + rank).to(dtype);
+  }
+}
+
+TEST(MpiSharedBuffers, EveryDtypeAndOpMatchesThePrivatePath) {
+  // Every allreduce of a whole shared buffer gives what the same allreduce
+  // of a private tensor gives (MPI_Allreduce, or the ring for the large
+  // count), bit for bit, for sizes that do not split evenly among the ranks.
+  auto pg = ProcessGroupMPI::create(ProcessGroupMPIOptions().shared_memory_min_bytes(0));
+  const std::vector<at::ScalarType> dtypes = {at::kFloat, at::kDouble, at::kHalf, at::kBFloat16,
+                                              at::kChar,  at::kByte,   at::kShort, at::kInt,
+                                              at::kLong,  at::kBool};
+  for (auto dtype : dtypes) {
+    std::vector<ReduceOp> ops = {ReduceOp::kSum, ReduceOp::kProduct, ReduceOp::kMin, ReduceOp::kMax};
+    if (at::isFloatingType(dtype)) {
+      ops.push_back(ReduceOp::kAvg);
+    } else {
+      ops.insert(ops.end(), {ReduceOp::kBand, ReduceOp::kBor, ReduceOp::kBxor});
+    }
+    for (int64_t count : {int64_t{1}, int64_t{7}, int64_t{1000}, int64_t{2500001}}) {
+      auto buffer = pg->allocate_collective_buffer(count, torch::TensorOptions().dtype(dtype));
+      ASSERT_EQ(buffer.numel(), count);
+      ASSERT_EQ(buffer.scalar_type(), dtype);
+      ASSERT_TRUE(torch::equal(buffer, torch::zeros({count}, dtype))) << "not zero-filled";
+      // A world of one has no one to share with.
+      ASSERT_EQ(pg->is_shared_buffer(buffer), pg->size() > 1) << dtype << " count " << count;
+      for (auto op : ops) {
+        SCOPED_TRACE(c10::str(dtype, " ", to_string(op), " count ", count));
+        const auto input = shared_test_input(op, pg->rank(), count, dtype);
+        auto reference = input.clone();
+        pg->allreduce(reference, {op})->wait();
+        buffer.copy_(input);
+        pg->allreduce(buffer, {op})->wait();
+        ASSERT_TRUE(torch::equal(buffer, reference));
+      }
+    }
+  }
+}
+
+TEST(MpiSharedBuffers, RangesMixedCallersAndLifetimes) {
+  auto pg = ProcessGroupMPI::create(ProcessGroupMPIOptions().shared_memory_min_bytes(0));
+  const int rank = pg->rank();
+  const double w = pg->size();
+  const double sum_of_ranks = w * (w - 1) / 2;
+  auto buffer = pg->allocate_collective_buffer(1000, torch::kFloat);
+
+  // The same range of the buffer on every rank: reduced, the rest untouched.
+  buffer.fill_(rank);
+  auto middle = buffer.narrow(0, 100, 500);
+  EXPECT_EQ(pg->is_shared_buffer(middle), pg->size() > 1);
+  pg->allreduce(middle)->wait();
+  EXPECT_TRUE(torch::equal(middle, torch::full({500}, sum_of_ranks)));
+  EXPECT_TRUE(torch::equal(buffer.narrow(0, 0, 100), torch::full({100}, 1.0 * rank)));
+  EXPECT_TRUE(torch::equal(buffer.narrow(0, 600, 400), torch::full({400}, 1.0 * rank)));
+
+  // Different ranges on different ranks: each rank's own tensor is reduced,
+  // through messages.
+  buffer.fill_(rank);
+  auto own_half = buffer.narrow(0, rank % 2 == 0 ? 0 : 500, 500);
+  pg->allreduce(own_half, {ReduceOp::kMax})->wait();
+  EXPECT_TRUE(torch::equal(own_half, torch::full({500}, w - 1)));
+
+  // Rank 0 passes the buffer, the others a private tensor.
+  auto privately = torch::full({1000}, 1.0 * rank);
+  auto& mine = rank == 0 ? buffer : privately;
+  mine.fill_(rank + 1);
+  pg->allreduce(mine)->wait();
+  EXPECT_TRUE(torch::equal(mine, torch::full({1000}, sum_of_ranks + w)));
+
+  // Several tensors in one call, and the average.
+  buffer.fill_(rank);
+  auto first = buffer.narrow(0, 0, 10);
+  auto second = buffer.narrow(0, 10, 990);
+  pg->allreduce_coalesced({first, second}, {ReduceOp::kAvg})->wait();
+  EXPECT_TRUE(torch::allclose(buffer, torch::full({1000}, sum_of_ranks / w)));
+  buffer.fill_(2 * rank);
+  pg->allreduce(buffer, {ReduceOp::kAvg})->wait();
+  EXPECT_TRUE(torch::allclose(buffer, torch::full({1000}, 2 * sum_of_ranks / w)));
+
+  // A buffer freed on every rank, then a new one; and one that outlives its
+  // group: still memory this rank may read and write.
+  buffer = at::Tensor();
+  auto next = pg->allocate_collective_buffer(70000, torch::kFloat);
+  next.fill_(rank + 1);
+  pg->allreduce(next)->wait();
+  EXPECT_TRUE(torch::equal(next, torch::full({70000}, sum_of_ranks + w)));
+  pg.reset();
+  next.add_(1);
+  EXPECT_TRUE(torch::equal(next, torch::full({70000}, sum_of_ranks + w + 1)));
+}
+
+TEST(MpiSharedBuffers, SmallCudaAndOptedOutBuffersArePrivate) {
+  // Below the threshold, or with it negative, the buffer is ordinary memory
+  // (still zero-filled and usable by every collective).
+  auto pg = ProcessGroupMPI::create();
+  auto small = pg->allocate_collective_buffer(100, torch::kFloat);
+  EXPECT_FALSE(pg->is_shared_buffer(small));
+  EXPECT_TRUE(torch::equal(small, torch::zeros({100})));
+  auto large = pg->allocate_collective_buffer(65536 / 4, torch::kFloat);
+  EXPECT_EQ(pg->is_shared_buffer(large), pg->size() > 1);
+  auto off = ProcessGroupMPI::create(ProcessGroupMPIOptions().shared_memory_min_bytes(-1));
+  auto private_large = off->allocate_collective_buffer(1 << 20, torch::kFloat);
+  EXPECT_FALSE(off->is_shared_buffer(private_large));
+  EXPECT_FALSE(pg->is_shared_buffer(private_large));
+  EXPECT_FALSE(off->is_shared_buffer(large)) << "another group's buffer";
+  EXPECT_FALSE(pg->is_shared_buffer(torch::ones({1 << 20})));
+  try {
+    pg->allocate_collective_buffer(-1, torch::kFloat);
+    ADD_FAILURE() << "expected c10::Error for numel -1";
+  } catch (const c10::Error& e) {
+    EXPECT_NE(std::string(e.what()).find("allocate_collective_buffer: numel must not be negative"),
+              std::string::npos)
+        << e.what();
+  }
+}
+
 TEST(MpiErrors, BadArgumentsAreClearErrors) {
   ddp::testing::check_bad_arguments_are_clear_errors(group());
 }
