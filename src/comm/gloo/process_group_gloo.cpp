@@ -217,15 +217,15 @@ class DDP_GLOO_HIDDEN ProcessGroupGloo::Impl {
   Impl(ProcessGroupGloo& group, std::shared_ptr<Store> store,
        const ProcessGroupGlooOptions& options)
       : group_(group), store_(std::move(store)) {
-    {
-      // The rendezvous writes to Gloo's sockets from this thread, and Gloo's
-      // event-loop thread starts here: See Note [SIGPIPE and Gloo].
-      internal::SigpipeGuard guard;
-      connect(options);
-    }
+    // The rendezvous writes to Gloo's sockets from this thread, and every
+    // thread started here (Gloo's event loop, the workers, the monitor)
+    // begins life with this thread's signal mask, so SIGPIPE is blocked in
+    // them from their first instruction: See Note [SIGPIPE and Gloo].
+    internal::SigpipeGuard guard;
+    connect(options);
     for (int i = 0; i < kWorkerThreads; ++i) {
       workers_.emplace_back([this] {
-        internal::block_sigpipe_in_this_thread(); // See Note [SIGPIPE and Gloo]
+        internal::block_sigpipe_in_this_thread(); // already, by inheritance; for good
         run_worker();
       });
     }

@@ -15,9 +15,11 @@
 // default behaviour) and block SIGPIPE in exactly the threads that write to
 // Gloo's sockets; a blocked SIGPIPE is never delivered and the write fails
 // with EPIPE, which Gloo reports as a closed connection:
-//   - the group's worker and monitor threads, for their whole life;
-//   - Gloo's event-loop thread, from its birth: a thread starts with its
-//     creator's signal mask, so the device is created under a SigpipeGuard;
+//   - the group's worker and monitor threads and Gloo's event-loop thread,
+//     for their whole life: a thread starts with its creator's signal mask,
+//     so all of them are created under a SigpipeGuard (blocking SIGPIPE
+//     first thing in the new thread would leave a window in which a
+//     SIGPIPE sent to it kills the process);
 //   - a caller's thread while it runs a call that may write (the rendezvous,
 //     posting a send or a recv): a SigpipeGuard for the call's duration,
 //     which discards a SIGPIPE raised meanwhile before it unblocks it.

@@ -136,9 +136,11 @@ TEST(GlooFailure, ThreadsThatWriteToGlooSocketsBlockSigpipe) {
   // writing thread, and the default action ends the process without a word
   // (RankKilledMidCollectiveMakesOthersRaise met it about once in 30 runs).
   // Note [SIGPIPE and Gloo]: every thread the group starts (its workers, its
-  // monitor, Gloo's event loop) has SIGPIPE blocked, and the thread that
-  // created the group has its mask back as it was. A SIGPIPE sent to each of
-  // those threads is therefore never delivered.
+  // monitor, Gloo's event loop) has SIGPIPE blocked from its birth, and the
+  // thread that created the group has its mask back as it was. A SIGPIPE
+  // sent to each of those threads is therefore never delivered, even to one
+  // that a loaded machine has not yet let run (a thread that blocked it
+  // itself, first thing, was killed that way about once in 15 runs).
   const auto results = run_processes(
       2,
       [](int rank, std::shared_ptr<Store> store) -> int {
