@@ -224,15 +224,9 @@ class DDP_GLOO_HIDDEN ProcessGroupGloo::Impl {
     internal::SigpipeGuard guard;
     connect(options);
     for (int i = 0; i < kWorkerThreads; ++i) {
-      workers_.emplace_back([this] {
-        internal::block_sigpipe_in_this_thread(); // already, by inheritance; for good
-        run_worker();
-      });
+      workers_.emplace_back([this] { run_worker(); });
     }
-    monitor_ = std::thread([this] {
-      internal::block_sigpipe_in_this_thread();
-      run_monitor();
-    });
+    monitor_ = std::thread([this] { run_monitor(); });
   }
 
   ~Impl() {

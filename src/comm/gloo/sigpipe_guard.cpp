@@ -17,11 +17,6 @@ sigset_t sigpipe_only() {
 
 } // namespace
 
-void block_sigpipe_in_this_thread() noexcept {
-  const sigset_t set = sigpipe_only();
-  pthread_sigmask(SIG_BLOCK, &set, nullptr);
-}
-
 SigpipeGuard::SigpipeGuard() noexcept {
   const sigset_t set = sigpipe_only();
   sigset_t previous;

@@ -28,9 +28,6 @@
 
 namespace ddp::internal {
 
-// Blocks SIGPIPE in the calling thread for the rest of its life.
-void block_sigpipe_in_this_thread() noexcept;
-
 // Blocks SIGPIPE in the calling thread for its lifetime; at the end it
 // discards a SIGPIPE that became pending meanwhile, then unblocks it (unless
 // it was blocked already). Not thread-safe: it belongs to the thread that
