@@ -4,9 +4,10 @@ The PyTorch half of a side-by-side benchmark: bench/allreduce_bench.cpp is
 the ddp half, and this script follows its methodology step for step (see the
 comment at the top of that file); bench/run_allreduce_bench.py runs both.
 
-Usage (Debian's interpreter, which has torch; launched by our own ddprun so
-that both halves start the same way, though torchrun works as well):
-  build/ddprun --nproc-per-node 2 --no-prefix /usr/bin/python3 \\
+Usage (an interpreter with torch: current PyTorch, e.g. the 2.11 venv of
+scripts/compat.sh, or Debian's /usr/bin/python3 for 1.13; launched by our own
+ddprun so that both halves start the same way, though torchrun works as well):
+  build/ddprun --nproc-per-node 2 --no-prefix ~/.cache/ddp/torch-2.11.0/bin/python \\
       bench/allreduce_bench.py [--sizes 4096,1M,64M] [--iters N] [--warmup N]
 prints on rank 0, for each size, one line
   allreduce_bench impl=torch backend=gloo world=2 dtype=float32 bytes=4096 warmup=100 iters=1000 median_us=61.20 p10_us=55.31 p90_us=70.02 busbw_gbps=0.0669

@@ -24,12 +24,35 @@ def add_common_arguments(parser, programs, rounds_help):
                         help="build directory holding ddprun and %s (default: build)"
                         % " and ".join(programs))
     parser.add_argument("--rounds", type=int, default=2, help=rounds_help)
-    parser.add_argument("--python", default="/usr/bin/python3",
-                        help="interpreter with torch, for PyTorch's side (default: /usr/bin/python3)")
+    parser.add_argument("--python", default=default_python(),
+                        help="interpreter with torch, for PyTorch's side (default: current "
+                        "PyTorch, the torch 2.11 venv that scripts/compat.sh keeps in "
+                        "$DDP_CACHE_DIR, when it exists, else /usr/bin/python3: now %s)"
+                        % default_python())
     parser.add_argument("--mpirun", default="mpirun",
                         help="the MPI launcher for ddp's MPI side (default: mpirun on PATH)")
     parser.add_argument("--no-mpi", action="store_true",
                         help="leave out ddp's MPI side (a build without DDP_WITH_MPI)")
+
+
+def default_python():
+    """Current PyTorch's interpreter: the venv with torch 2.11 that
+    scripts/compat.sh creates (and CI keeps), when it exists; otherwise
+    Debian's /usr/bin/python3 (PyTorch 1.13)."""
+    cache = os.environ.get("DDP_CACHE_DIR") or os.path.expanduser("~/.cache/ddp")
+    venv_python = os.path.join(cache, "torch-2.11.0", "bin", "python")
+    return venv_python if os.access(venv_python, os.X_OK) else "/usr/bin/python3"
+
+
+def torch_version(python):
+    """`python`'s torch version, e.g. "2.11.0" (without the +local part), or
+    None when it cannot import torch."""
+    proc = subprocess.run([python, "-c", "import torch; print(torch.__version__)"],
+                          stdout=subprocess.PIPE, stderr=subprocess.DEVNULL,
+                          universal_newlines=True)
+    if proc.returncode != 0 or not proc.stdout.strip():
+        return None
+    return proc.stdout.strip().split("+")[0]
 
 
 def check_rounds(parser, args):
@@ -85,7 +108,10 @@ def mpi_env(env):
 def run_side(driver, side, command, env, line_pattern):
     """Runs one side once; returns the fields of each line matching
     `line_pattern` (whose group 1 is the key=value part). Exits 1, showing
-    the side's output, when it fails or prints no such line."""
+    the side's output, when it prints no such line. A side that printed its
+    figures and then failed (PyTorch 2.11's Gloo group can abort at
+    interpreter exit, after the work is done) keeps its figures: the failure
+    is reported on stdout and in each result's "exit" field."""
     proc = subprocess.run(command, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
                           universal_newlines=True)
     pattern = re.compile(line_pattern)
@@ -94,6 +120,13 @@ def run_side(driver, side, command, env, line_pattern):
         match = pattern.match(line)
         if match:
             results.append(dict(item.split("=", 1) for item in match.group(1).split()))
+    if proc.returncode != 0 and results:
+        last_error = next((line for line in reversed(proc.stderr.splitlines()) if line.strip()), "")
+        print("# note: the %s side exited with code %d after printing its figures (kept): %s"
+              % (side, proc.returncode, last_error.strip()[:200]), flush=True)
+        for result in results:
+            result["exit"] = str(proc.returncode)
+        return results
     if proc.returncode != 0 or not results:
         sys.stderr.write("%s: the %s side failed (exit code %d): %s\n"
                          "--- its stdout ---\n%s--- its stderr ---\n%s"

@@ -11,7 +11,7 @@
 //       [--gradient-as-bucket-view 0|1]
 //   DDP_BACKEND=mpi mpirun -np 2 build/bench/ddp_step_bench [...]
 // prints on rank 0 one line
-//   ddp_step_bench impl=ddp backend=gloo model=toy mode=ddp world=2 params=165 batch=20 warmup=50 iters=500 median_ms=0.512 p10_ms=0.401 p90_ms=0.733 forward_ms=0.010 backward_ms=0.020 comm_ms=0.300 comm_wait_ms=0.280 overlap=0.05
+//   ddp_step_bench impl=ddp torch=1.13.0 blas=OpenBLAS blas_threads=1 backend=gloo model=toy mode=ddp world=2 params=165 batch=20 warmup=50 iters=500 median_ms=0.512 p10_ms=0.401 p90_ms=0.733 forward_ms=0.010 backward_ms=0.020 comm_ms=0.300 comm_wait_ms=0.280 overlap=0.05
 // (the last six fields, medians over the timed steps of rank 0's
 // `last_iteration_insight()`, only in mode=ddp; with
 // --gradient-as-bucket-view 1 the line also says view=1) and exits 0. It exits 1 if a
@@ -240,8 +240,10 @@ int run(const Config& config) {
                     median(comm_wait_ms), median(overlap));
       insight = buffer;
     }
-    std::printf("ddp_step_bench impl=ddp backend=%s model=%s mode=%s%s world=%d params=%lld "
-                "batch=%lld warmup=%lld iters=%lld median_ms=%.3f p10_ms=%.3f p90_ms=%.3f%s\n",
+    std::printf("ddp_step_bench impl=ddp torch=%s blas=%s blas_threads=%d backend=%s model=%s mode=%s%s "
+                "world=%d params=%lld batch=%lld warmup=%lld iters=%lld median_ms=%.3f "
+                "p10_ms=%.3f p90_ms=%.3f%s\n",
+                TORCH_VERSION, ddp::blas_in_use().token().c_str(), ddp::blas_num_threads(),
                 pg->backend_name().c_str(), config.model.c_str(), config.mode.c_str(),
                 config.gradient_as_bucket_view ? " view=1" : "", pg->size(),
                 static_cast<long long>(params), static_cast<long long>(config.batch),

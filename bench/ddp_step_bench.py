@@ -4,16 +4,18 @@ The same models, batches and methodology as bench/ddp_step_bench.cpp (the
 comment at its top is the reference), with torch.nn.parallel's
 DistributedDataParallel over torch.distributed's Gloo backend.
 
-Usage (Debian's interpreter, which has torch; launched by our own ddprun so
-that both halves start the same way, though torchrun works as well):
-  build/ddprun --nproc-per-node 2 --no-prefix /usr/bin/python3 \\
+Usage (an interpreter with torch: current PyTorch, e.g. the 2.11 venv of
+scripts/compat.sh, or Debian's /usr/bin/python3 for 1.13; launched by our own
+ddprun so that both halves start the same way, though torchrun works as well):
+  build/ddprun --nproc-per-node 2 --no-prefix ~/.cache/ddp/torch-2.11.0/bin/python \\
       bench/ddp_step_bench.py [--model toy|mlp] [--mode ddp|local] [--batch N]
       [--iters N] [--warmup N]
 prints on rank 0 one line
-  ddp_step_bench impl=torch backend=gloo model=toy mode=ddp world=2 params=165 batch=20 warmup=50 iters=500 median_ms=0.512 p10_ms=0.401 p90_ms=0.733
+  ddp_step_bench impl=torch torch=2.11.0 blas=MKL backend=gloo model=toy mode=ddp world=2 params=165 batch=20 warmup=50 iters=500 median_ms=0.512 p10_ms=0.401 p90_ms=0.733
 and exits 0. It exits 2 on a bad command line.
 """
 
+import os
 import sys
 import time
 
@@ -92,6 +94,31 @@ def make_model(name):
     return nn.Sequential(*layers)
 
 
+def blas_in_use():
+    """The BLAS this process's torch computes with, as one word (the C++
+    half's ddp::BlasInfo::token()): a BLAS library mapped into the process,
+    else MKL when torch links it in (PyPI's wheels)."""
+    mapped = set()
+    try:
+        with open("/proc/self/maps") as maps:
+            for line in maps:
+                path = line.split()[-1]
+                if path.startswith("/"):
+                    mapped.add(os.path.realpath(path))
+    except OSError:
+        pass
+    names = [os.path.basename(path) for path in mapped]
+    if any(name.startswith("libopenblas") for name in names):
+        return "OpenBLAS"
+    if any(name.startswith("libmkl") for name in names) or torch.backends.mkl.is_available():
+        return "MKL"
+    if any(name.startswith("libblis") for name in names):
+        return "BLIS"
+    if any(name.startswith("libblas.so") for name in names):
+        return "reference-BLAS"
+    return "unknown"
+
+
 def quantile(ordered, q):
     """The value at quantile q of `ordered`: nearest rank, halves rounded up (as in C++)."""
     index = int(q * (len(ordered) - 1) + 0.5)
@@ -132,9 +159,10 @@ def main():
 
     if rank == 0:
         ordered = sorted(ms.tolist())
-        print("ddp_step_bench impl=torch backend=gloo model=%s mode=%s world=%d params=%d batch=%d "
-              "warmup=%d iters=%d median_ms=%.3f p10_ms=%.3f p90_ms=%.3f"
-              % (config["model"], config["mode"], world, params, config["batch"], warmup,
+        print("ddp_step_bench impl=torch torch=%s blas=%s backend=gloo model=%s mode=%s world=%d "
+              "params=%d batch=%d warmup=%d iters=%d median_ms=%.3f p10_ms=%.3f p90_ms=%.3f"
+              % (torch.__version__.split("+")[0], blas_in_use(), config["model"],
+                 config["mode"], world, params, config["batch"], warmup,
                  iters, quantile(ordered, 0.5), quantile(ordered, 0.1),
                  quantile(ordered, 0.9)), flush=True)
     dist.destroy_process_group()

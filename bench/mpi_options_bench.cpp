@@ -163,8 +163,9 @@ void ddp_step(int iters, int batch) {
   if (world.rank() == 0) {
     const double local = quantile(configs[0].ms, 0.5);
     for (const auto& config : configs) {
-      std::printf("mpi_options_bench what=ddp config=%s batch=%d iters=%d median_ms=%.1f p10_ms=%.1f vs_local=%.2f\n",
-                  config.name, batch, iters, quantile(config.ms, 0.5), quantile(config.ms, 0.1),
+      std::printf("mpi_options_bench what=ddp blas=%s config=%s batch=%d iters=%d median_ms=%.1f "
+                  "p10_ms=%.1f vs_local=%.2f\n",
+                  ddp::blas_in_use().token().c_str(), config.name, batch, iters, quantile(config.ms, 0.5), quantile(config.ms, 0.1),
                   quantile(config.ms, 0.5) / local);
     }
   }

@@ -1,12 +1,14 @@
 """Runs the allreduce benchmark of ddp (MPI and Gloo) and of torch.distributed
 (Gloo) side by side.
 
-Usage (run with Debian's interpreter, which has torch; it builds nothing):
-  /usr/bin/python3 bench/run_allreduce_bench.py [BUILD_DIR] [--rounds R]
+Usage (any python3; it builds nothing):
+  python3 bench/run_allreduce_bench.py [BUILD_DIR] [--rounds R]
       [--sizes 4K,1M,...] [--iters N] [--warmup N] [--python PATH]
       [--mpirun PATH] [--no-mpi]
 BUILD_DIR (default: build) must hold ddprun and bench/allreduce_bench, as
-built by `ninja -C BUILD_DIR ddprun allreduce_bench`.
+built by `ninja -C BUILD_DIR ddprun allreduce_bench`. --python is PyTorch's
+side (default: current PyTorch, the torch 2.11 venv that scripts/compat.sh
+keeps in ~/.cache/ddp, when it exists; else Debian's /usr/bin/python3).
 
 Three sides, 2 ranks each, with the same methodology (see the top of
 allreduce_bench.cpp), each sweeping 4 KiB to 64 MiB of float32:
@@ -139,9 +141,10 @@ def main():
     commands = side_commands(args, env)
     sides = list(commands)
 
-    print("# allreduce benchmark: %s, %d ranks, float32"
+    print("# allreduce benchmark: %s, %d ranks, float32; PyTorch %s (%s)"
           % (" vs ".join({"mpi": "ddp-MPI", "gloo": "ddp-Gloo", "torch": "torch-Gloo"}[s]
-                         for s in sides), WORLD_SIZE))
+                         for s in sides), WORLD_SIZE,
+             bench_common.torch_version(args.python) or "?", args.python))
     for side in sides:
         command, side_env = commands[side]
         prefix = "DDP_BACKEND=mpi " if side_env.get("DDP_BACKEND") == "mpi" else ""

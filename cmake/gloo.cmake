@@ -9,22 +9,24 @@
 # - SYSTEM: link the Gloo that find_package(Gloo) finds (Debian's
 #   libgloo.so). Right when LibTorch itself links that same shared libgloo
 #   (Debian's LibTorch does), or carries no Gloo: the process has one Gloo.
-# - PRIVATE: compile Gloo from DDP_GLOO_SOURCE_DIR into libddp.so with hidden
-#   visibility, so that none of its symbols is exported and ddp's calls bind
-#   to it at link time. Needed when LibTorch carries its own Gloo and exports
-#   it (PyPI's torch wheels: libtorch_cpu.so defines gloo::* and ships no
-#   Gloo headers to build against it). Every ddp source reaches Gloo through
-#   src/comm/gloo_api.h, which makes Gloo's declarations hidden in this mode.
+# - PRIVATE: compile Gloo from source (DDP_GLOO_SOURCE_DIR, or a pinned commit
+#   fetched at configure time, below) into libddp.so with hidden visibility,
+#   so that none of its symbols is exported and ddp's calls bind to it at
+#   link time. Needed when LibTorch carries its own Gloo and exports it
+#   (PyPI's torch wheels: libtorch_cpu.so defines gloo::* and ships no Gloo
+#   headers to build against it). Every ddp source reaches Gloo through
+#   src/comm/gloo/gloo_api.h, which makes Gloo's declarations hidden in this
+#   mode.
 # - AUTO (the default): PRIVATE when LibTorch's libtorch_cpu exports Gloo
 #   functions, otherwise SYSTEM.
 #
 # docs/design.md ("Two Gloos in one process") has the reasoning, and the test
 # gloo_origin_test shows which copy a running program uses.
 set(DDP_GLOO "AUTO" CACHE STRING
-    "Gloo to build on: AUTO, SYSTEM (find_package(Gloo)) or PRIVATE (compiled from DDP_GLOO_SOURCE_DIR, hidden)")
+    "Gloo to build on: AUTO, SYSTEM (find_package(Gloo)) or PRIVATE (compiled from source, hidden)")
 set_property(CACHE DDP_GLOO PROPERTY STRINGS AUTO SYSTEM PRIVATE)
 set(DDP_GLOO_SOURCE_DIR "" CACHE PATH
-    "A Gloo source tree (holding gloo/allreduce.cc) for DDP_GLOO=PRIVATE")
+    "A Gloo source tree (holding gloo/allreduce.cc) for DDP_GLOO=PRIVATE; empty: fetch the pinned commit")
 
 # Counts the Gloo functions that LibTorch's libtorch_cpu defines and exports.
 find_library(DDP_TORCH_CPU_LIBRARY torch_cpu PATHS "${TORCH_INSTALL_PREFIX}/lib" NO_DEFAULT_PATH)
@@ -55,7 +57,7 @@ endif()
 if(DDP_GLOO_KIND STREQUAL "SYSTEM" AND DDP_TORCH_GLOO_EXPORTS GREATER 0)
   message(FATAL_ERROR "DDP_GLOO=SYSTEM, but ${DDP_TORCH_CPU_LIBRARY} carries its own Gloo and "
     "exports ${DDP_TORCH_GLOO_EXPORTS} of its functions: a second, shared Gloo in the same process "
-    "would be mixed with it. Use DDP_GLOO=PRIVATE (or AUTO) with DDP_GLOO_SOURCE_DIR.")
+    "would be mixed with it. Use DDP_GLOO=PRIVATE (or AUTO).")
 endif()
 
 add_library(ddp_gloo INTERFACE)
@@ -66,15 +68,114 @@ if(DDP_GLOO_KIND STREQUAL "SYSTEM")
   return()
 endif()
 
-# ---- PRIVATE: Gloo's core and TCP transport, compiled hidden ------------------
-if(NOT EXISTS "${DDP_GLOO_SOURCE_DIR}/gloo/allreduce.cc")
+# ---- PRIVATE: where the Gloo source comes from -------------------------------
+# DDP_GLOO_SOURCE_DIR first, as CI and scripts/compat.sh pass it; otherwise
+# FetchContent, whose standard FETCHCONTENT_SOURCE_DIR_GLOO also names a local
+# tree; otherwise the pinned commit from GitHub.
+#
+# The pin is the Gloo commit that horovod 0.28.1 vendors as third_party/gloo
+# (`git ls-tree v0.28.1 third_party/gloo` in horovod), the tree that CI takes
+# from that source package on PyPI. A git commit id names its content, so a
+# fetch gives that code or fails: every file of the package's copy is
+# byte-identical to the commit's, which has 11 files more (Gloo's CI
+# configuration, tools/, LICENSE files) and nothing that ddp compiles.
+set(_ddp_gloo_git_repository https://github.com/facebookincubator/gloo.git)
+set(_ddp_gloo_git_commit d96897b339a07087f588223ca216e75f64e3ca58)
+set(_ddp_gloo_sdist horovod==0.28.1)
+set(_ddp_gloo_sdist_sha256 92a43f5a94c43907a56805bad15f19700c62ffc83b7ca483f9e104e229f67ef0)
+
+# Stops the configure step when no Gloo source can be had, saying why and
+# listing every way that needs no GitHub.
+function(ddp_gloo_source_unavailable)
+  string(CONCAT what_failed ${ARGN})
+  string(REPLACE "==" "-" _archive "${_ddp_gloo_sdist}")
   message(FATAL_ERROR "ddp needs a private Gloo: ${DDP_TORCH_CPU_LIBRARY} exports "
-    "${DDP_TORCH_GLOO_EXPORTS} Gloo functions of its own (a PyPI torch wheel), so Debian's shared "
-    "libgloo must not be loaded beside it. Set DDP_GLOO_SOURCE_DIR to a Gloo source tree "
-    "(got '${DDP_GLOO_SOURCE_DIR}'); scripts/compat.sh fetches one from PyPI. "
-    "See docs/design.md, \"Two Gloos in one process\".")
+    "${DDP_TORCH_GLOO_EXPORTS} Gloo functions of its own (a PyPI torch wheel or pytorch.org's "
+    "LibTorch), so a system libgloo must not be loaded beside it (docs/design.md, \"Two Gloos in one "
+    "process\"). With no Gloo source given, ddp fetches Gloo commit ${_ddp_gloo_git_commit} from "
+    "${_ddp_gloo_git_repository}, but ${what_failed}\n"
+    "Any of these works without GitHub; add its -D option to the same cmake command:\n"
+    " (a) a Gloo source tree you have (the folder that holds gloo/allreduce.cc):\n"
+    "       -DDDP_GLOO_SOURCE_DIR=/path/to/gloo\n"
+    " (b) the same through FetchContent's standard override:\n"
+    "       -DFETCHCONTENT_SOURCE_DIR_GLOO=/path/to/gloo\n"
+    " (c) the Gloo that CI builds, from ${_ddp_gloo_sdist}'s source package on PyPI,\n"
+    "     where pip can reach PyPI (or run this elsewhere and copy the folder):\n"
+    "       pip download --no-deps --no-binary :all: ${_ddp_gloo_sdist} -d $HOME/gloo-sdist\n"
+    "       echo \"${_ddp_gloo_sdist_sha256}  $HOME/gloo-sdist/${_archive}.tar.gz\" | sha256sum --check\n"
+    "       tar -xzf $HOME/gloo-sdist/${_archive}.tar.gz -C $HOME/gloo-sdist\n"
+    "     sha256sum must print OK; then:\n"
+    "       -DDDP_GLOO_SOURCE_DIR=$HOME/gloo-sdist/${_archive}/third_party/gloo")
+endfunction()
+
+if(DDP_GLOO_SOURCE_DIR)
+  set(_ddp_gloo_tree ${DDP_GLOO_SOURCE_DIR})
+  set(_ddp_gloo_origin "DDP_GLOO_SOURCE_DIR")
+else()
+  include(FetchContent)
+  # SOURCE_SUBDIR names a folder without a CMakeLists.txt: populate only,
+  # because Gloo's own build would install and export a shared Gloo, which is
+  # what PRIVATE must avoid. NEVER: with FETCHCONTENT_TRY_FIND_PACKAGE_MODE
+  # set to ALWAYS, find_package(gloo) could pick Debian's libgloo instead.
+  set(FETCHCONTENT_TRY_FIND_PACKAGE_MODE NEVER)
+  FetchContent_Declare(gloo
+    GIT_REPOSITORY ${_ddp_gloo_git_repository}
+    GIT_TAG ${_ddp_gloo_git_commit}
+    GIT_SUBMODULES ""
+    SOURCE_SUBDIR ddp-compiles-gloo-itself)
+  unset(FETCHCONTENT_TRY_FIND_PACKAGE_MODE)
+
+  # FetchContent touches the network only when no tree is named and none was
+  # fetched at the pin into this build folder before (a re-configure finds its
+  # checkout at the commit and stays offline). Then the remote is tried first,
+  # with a deadline, so that an unreachable GitHub gives the message above
+  # instead of a clone that hangs or fails in a sub-build's log.
+  set(_ddp_gloo_fetched_head "")
+  if(EXISTS "${FETCHCONTENT_BASE_DIR}/gloo-src/.git")
+    find_package(Git QUIET)
+    if(Git_FOUND)
+      execute_process(COMMAND ${GIT_EXECUTABLE} -C "${FETCHCONTENT_BASE_DIR}/gloo-src" rev-parse HEAD
+        OUTPUT_VARIABLE _ddp_gloo_fetched_head OUTPUT_STRIP_TRAILING_WHITESPACE ERROR_QUIET)
+    endif()
+  endif()
+  if(FETCHCONTENT_SOURCE_DIR_GLOO)
+    set(_ddp_gloo_origin "FETCHCONTENT_SOURCE_DIR_GLOO")
+  elseif(FETCHCONTENT_FULLY_DISCONNECTED)
+    set(_ddp_gloo_origin "${FETCHCONTENT_BASE_DIR}/gloo-src, FETCHCONTENT_FULLY_DISCONNECTED")
+  elseif(_ddp_gloo_fetched_head STREQUAL _ddp_gloo_git_commit)
+    set(_ddp_gloo_origin "commit ${_ddp_gloo_git_commit}, fetched before")
+  else()
+    find_package(Git QUIET)
+    if(NOT Git_FOUND)
+      ddp_gloo_source_unavailable("git was not found (set GIT_EXECUTABLE, or install git).")
+    endif()
+    message(STATUS "ddp: fetching Gloo ${_ddp_gloo_git_commit} (horovod 0.28.1's) from ${_ddp_gloo_git_repository}")
+    # GIT_TERMINAL_PROMPT=0: a URL that asks for credentials fails at once.
+    execute_process(
+      COMMAND ${CMAKE_COMMAND} -E env GIT_TERMINAL_PROMPT=0
+              ${GIT_EXECUTABLE} ls-remote ${_ddp_gloo_git_repository} HEAD
+      TIMEOUT 30
+      RESULT_VARIABLE _ddp_git_rc OUTPUT_QUIET ERROR_VARIABLE _ddp_git_error)
+    if(NOT _ddp_git_rc EQUAL 0)
+      string(STRIP "${_ddp_git_error}" _ddp_git_error)
+      if(_ddp_git_error STREQUAL "")
+        set(_ddp_git_error "${_ddp_git_rc}")
+      endif()
+      ddp_gloo_source_unavailable("could not reach it: `git ls-remote ${_ddp_gloo_git_repository} "
+        "HEAD` (30 s allowed) failed: ${_ddp_git_error}")
+    endif()
+    set(_ddp_gloo_origin "commit ${_ddp_gloo_git_commit}")
+  endif()
+  FetchContent_MakeAvailable(gloo)
+  set(_ddp_gloo_tree ${gloo_SOURCE_DIR})
 endif()
-set(_ddp_gloo_src ${DDP_GLOO_SOURCE_DIR}/gloo)
+
+# ---- PRIVATE: Gloo's core and TCP transport, compiled hidden ------------------
+if(NOT EXISTS "${_ddp_gloo_tree}/gloo/allreduce.cc")
+  message(FATAL_ERROR "ddp: '${_ddp_gloo_tree}' (${_ddp_gloo_origin}) is not a Gloo source tree: "
+    "it has no gloo/allreduce.cc. Give the folder that holds gloo/allreduce.cc.")
+endif()
+set(_ddp_gloo_src ${_ddp_gloo_tree}/gloo)
 file(GLOB _ddp_gloo_sources
   ${_ddp_gloo_src}/*.cc
   ${_ddp_gloo_src}/common/*.cc
@@ -97,7 +198,7 @@ configure_file(${_ddp_gloo_config}.in ${_ddp_gloo_config} COPYONLY)
 
 add_library(ddp_private_gloo STATIC ${_ddp_gloo_sources})
 target_include_directories(ddp_private_gloo SYSTEM PUBLIC
-  ${PROJECT_BINARY_DIR}/private_gloo/include ${DDP_GLOO_SOURCE_DIR})
+  ${PROJECT_BINARY_DIR}/private_gloo/include ${_ddp_gloo_tree})
 target_link_libraries(ddp_private_gloo PUBLIC Threads::Threads)
 set_target_properties(ddp_private_gloo PROPERTIES
   POSITION_INDEPENDENT_CODE ON
@@ -113,5 +214,5 @@ target_link_libraries(ddp_gloo INTERFACE
   "-Wl,--whole-archive" ddp_private_gloo "-Wl,--no-whole-archive")
 target_compile_definitions(ddp_gloo INTERFACE DDP_PRIVATE_GLOO=1)
 list(LENGTH _ddp_gloo_sources _ddp_gloo_count)
-message(STATUS "ddp: Gloo PRIVATE, ${_ddp_gloo_count} files from ${DDP_GLOO_SOURCE_DIR}, hidden in libddp "
+message(STATUS "ddp: Gloo PRIVATE, ${_ddp_gloo_count} files from ${_ddp_gloo_tree} (${_ddp_gloo_origin}), hidden in libddp "
   "(LibTorch exports ${DDP_TORCH_GLOO_EXPORTS} Gloo functions of its own)")

@@ -4,14 +4,17 @@
 # Usage: bash scripts/setup.sh [build-dir]
 #
 #   1. Installs the Debian packages ddp needs, if any is missing (apt-get,
-#      through sudo when not root).
+#      through sudo when not root), and checks that Debian's LibTorch then
+#      computes with OpenBLAS, not the reference BLAS (see "BLAS" below).
 #   2. Configures the build in <build-dir> (default: build, or $DDP_BUILD_DIR):
 #      CMake, Ninja, Release, with tests, examples and benchmarks. Extra CMake
 #      arguments may be given in $DDP_CMAKE_ARGS; they come last, so that
 #      e.g. DDP_CMAKE_ARGS="-DDDP_BUILD_BENCHMARKS=OFF" wins.
-#   3. Builds everything with ninja -j<jobs> (default: the number of CPUs,
-#      fewer when memory is short; or $DDP_JOBS), or only the targets named
-#      in $DDP_BUILD_TARGETS (space-separated; scripts/sanitize.sh uses it).
+#   3. Builds with ninja -j<jobs> (default: the number of CPUs, fewer when
+#      memory is short; or $DDP_JOBS) what the README's first command runs:
+#      libddp.so, ddprun and the examples. $DDP_BUILD_TARGETS (space-separated)
+#      names other targets instead: "all" builds everything (scripts/test.sh
+#      does, reusing this build), scripts/sanitize.sh names its own.
 #
 # Running it again is cheap: nothing is installed when nothing is missing, and
 # Ninja rebuilds only what changed. Runs from any directory; paths are
@@ -22,8 +25,12 @@ set -euo pipefail
 
 # libopenmpi-dev and openmpi-bin: the MPI backend (ProcessGroupMPI) and the
 # mpirun that its tests and benchmarks start jobs with.
+# libopenblas0-openmp: see "BLAS" below. libblas3 is the reference BLAS
+# itself: the test that checks ddp's warning about it loads it on purpose.
 readonly packages=(libtorch-dev libgloo-dev libgtest-dev cmake ninja-build g++ python3-torch
-                   libopenmpi-dev openmpi-bin)
+                   libopenmpi-dev openmpi-bin libopenblas0-openmp libblas3)
+# What the README's first command builds and runs (the rest is test.sh's).
+readonly default_targets="ddp ddprun allreduce_example toy_model mnist_train"
 
 say() {
   echo "setup.sh: $*"
@@ -92,6 +99,39 @@ else
     die "apt-get install ${missing[*]} failed"
 fi
 
+# ---- BLAS -------------------------------------------------------------------------
+# Debian's LibTorch calls whatever libblas.so.3 the alternatives system points
+# at. With only libblas3 installed that is the netlib reference BLAS, 3-4x
+# slower on a model's matrix products (docs/benchmarks.md). OpenBLAS's OpenMP build, not its pthread one: Debian's
+# LibTorch runs its own parallel loops on OpenMP (libgomp), and the OpenMP
+# OpenBLAS shares that one thread pool, so OMP_NUM_THREADS (ddprun sets 1 per
+# rank) and torch::set_num_threads bound both, a BLAS call made inside one
+# of LibTorch's parallel regions runs on that thread instead of starting more,
+# and no second pool of spinning pthreads competes with the other ranks.
+# Correctness: Debian's OpenBLAS 0.3.21 is a DYNAMIC_ARCH build that picks its
+# kernels from the processor (Zen on the AMD EPYC machines ddp is tested on;
+# the whole suite and the parity tests pass with it). Some older OpenBLAS
+# builds mis-detect newer processors and compute wrong results or crash there;
+# OPENBLAS_CORETYPE (e.g. Haswell) then overrides the choice. setup.sh sets
+# nothing: ddp::blas_in_use().config shows what OpenBLAS chose.
+step="checking the BLAS that LibTorch uses"
+torch_cpu=$(ls /usr/lib/*/libtorch_cpu.so* 2>/dev/null | head -n 1 || true)
+if [[ -n $torch_cpu ]]; then
+  blas=$(ldd "$torch_cpu" 2>/dev/null | awk '$1 == "libblas.so.3" {print $3}')
+  if [[ -z $blas || $blas == "not" ]]; then
+    say "warning: $torch_cpu does not load libblas.so.3 (ldd); cannot check its BLAS"
+  else
+    blas_file=$(readlink -f "$blas")
+    case $blas_file in
+      */openblas*) say "BLAS: LibTorch's libblas.so.3 is OpenBLAS ($blas_file)" ;;
+      */blas/libblas.so.3*)
+        say "warning: LibTorch's libblas.so.3 is the reference BLAS ($blas_file), 3-4x slower. \
+The alternatives system was set by hand; to use OpenBLAS: update-alternatives --auto libblas.so.3-$(uname -m)-linux-gnu" ;;
+      *) say "BLAS: LibTorch's libblas.so.3 is $blas_file" ;;
+    esac
+  fi
+fi
+
 # ---- 2. Configure ---------------------------------------------------------------
 step="configuring $build_dir"
 cache=$build_dir/CMakeCache.txt
@@ -130,12 +170,12 @@ if [[ -z $jobs ]]; then
   fi
 fi
 # shellcheck disable=SC2206 # DDP_BUILD_TARGETS is split on spaces on purpose
-targets=(${DDP_BUILD_TARGETS:-})
+targets=(${DDP_BUILD_TARGETS:-$default_targets})
 say "building $build_dir with $jobs jobs${targets[*]:+ (targets: ${targets[*]})}"
 run ninja -C "$build_dir" -j"$jobs" "${targets[@]}"
 
 step="finishing"
-say "done: $build_dir/libddp.so and $build_dir/ddprun are built"
+say "done: built ${targets[*]} in $build_dir"
 if [[ -x $build_dir/examples/toy_model ]]; then
   say "try: $build_dir/ddprun --nproc-per-node 2 $build_dir/examples/toy_model"
 fi

@@ -1,5 +1,7 @@
 #!/usr/bin/env bash
-# Builds ddp (scripts/setup.sh) and runs its whole test suite with CTest.
+# Builds all of ddp (scripts/setup.sh with DDP_BUILD_TARGETS=all: the tests,
+# benchmarks and the rest, reusing the first command's build) and runs its
+# whole test suite with CTest.
 #
 # Usage: bash scripts/test.sh [build-dir] [ctest args...]
 #
@@ -21,7 +23,8 @@ if [[ $# -gt 0 && $1 != -* ]]; then
   shift
 fi
 
-bash scripts/setup.sh "$build_dir"
+# Everything: setup.sh alone builds only what the README's first command runs.
+DDP_BUILD_TARGETS=all bash scripts/setup.sh "$build_dir"
 setup_rc=$?
 if [[ $setup_rc -ne 0 ]]; then
   echo "test.sh: the build failed (setup.sh exit code $setup_rc); no test was run"

@@ -2,6 +2,7 @@
 
 /// Umbrella header: everything a training program needs from ddp.
 
+#include <ddp/blas.h>
 #include <ddp/comm/error.h>
 #include <ddp/store/file_store.h>
 #include <ddp/store/hash_store.h>

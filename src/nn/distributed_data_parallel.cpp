@@ -23,9 +23,11 @@
 #include <torch/csrc/autograd/custom_function.h>
 #include <torch/nn/modules/embedding.h>
 
+#include <mutex>
 #include <sstream>
 #include <unordered_set>
 
+#include <ddp/blas.h>
 #include <ddp/init.h>
 #include <ddp/nn/join.h>
 
@@ -43,6 +45,23 @@ using Clock = std::chrono::steady_clock;
 
 std::string who(const ProcessGroup& group) {
   return c10::str("[rank ", group.rank(), "/", group.size(), "] DistributedDataParallel");
+}
+
+// Nothing fails with the netlib reference BLAS, training is just 3-4x slower
+// on the CPU, so a user may never find out why: say it once per process, on
+// rank 0, with the fix. A model on a GPU does not compute with it.
+void warn_if_reference_blas(const std::string& prefix) {
+  static std::once_flag once;
+  std::call_once(once, [&] {
+    const BlasInfo& blas = blas_in_use();
+    if (blas.is_reference) {
+      internal::log_warning(c10::str(
+          prefix, ": LibTorch computes with the reference BLAS (", blas.library,
+          "), 3-4x slower on the CPU than an optimized one. On Debian or Ubuntu: "
+          "apt-get install libopenblas0-openmp (scripts/setup.sh installs it); nothing needs "
+          "rebuilding. See ddp::blas_in_use() in <ddp/blas.h>."));
+    }
+  });
 }
 
 // What every rank must agree on about one parameter.
@@ -292,6 +311,10 @@ DistributedDataParallelImpl::DistributedDataParallelImpl(detail::Forwarder forwa
     if (seen.insert(item.value().unsafeGetTensorImpl()).second) {
       buffers_.push_back(item.value());
     }
+  }
+
+  if (group_->rank() == 0 && (all_parameters.empty() || all_parameters.front().is_cpu())) {
+    warn_if_reference_blas(prefix);
   }
 
   // Construction is a synchronisation point: agree on the model, then take

@@ -22,3 +22,13 @@ foreach(mode accuracy resume restart powersgd idx)
             ${CMAKE_CURRENT_BINARY_DIR}/examples_work/mnist_train_${mode} ${mode})
   set_tests_properties(mnist_train_${mode} PROPERTIES TIMEOUT 120 LABELS "integration")
 endforeach()
+
+# What ddp says of the BLAS LibTorch computes with: the ToyModel's header
+# names it, 1 thread per rank under ddprun, and with Debian's reference BLAS
+# swapped in (LD_LIBRARY_PATH), exactly one warning with the fix, from rank 0
+# (see run_blas_check_test.sh; it prints how many checks ran).
+add_test(NAME blas_check
+  COMMAND sh ${CMAKE_CURRENT_SOURCE_DIR}/examples/run_blas_check_test.sh
+          $<TARGET_FILE:ddprun> $<TARGET_FILE:toy_model>
+          /usr/lib/${CMAKE_LIBRARY_ARCHITECTURE}/blas)
+set_tests_properties(blas_check PROPERTIES TIMEOUT 60 LABELS "integration")

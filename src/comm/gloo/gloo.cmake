@@ -7,4 +7,4 @@ ddp_add_part(ddp_comm_gloo
   src/comm/gloo/gloo_rendezvous.cpp
   src/comm/gloo/sigpipe_guard.cpp)
 target_link_libraries(ddp_comm_gloo PUBLIC ${CMAKE_DL_LIBS})
-target_precompile_headers(ddp_comm_gloo PRIVATE <ATen/ATen.h>)
+target_precompile_headers(ddp_comm_gloo REUSE_FROM ddp_comm)

@@ -11,7 +11,11 @@ if(DDP_HAVE_MPI)
     src/comm/mpi/mpi_sparse.cpp
     src/comm/mpi/process_group_mpi.cpp)
   target_link_libraries(ddp_comm_mpi PUBLIC ddp_mpi_deps)
-  target_precompile_headers(ddp_comm_mpi PRIVATE <ATen/ATen.h>)
+  target_precompile_headers(ddp_comm_mpi REUSE_FROM ddp_comm)
   # init.cpp creates a ProcessGroupMPI for Backend::kMpi and DDP_BACKEND=mpi.
-  target_compile_definitions(ddp_comm PRIVATE DDP_WITH_MPI=1)
+  # On that file alone: a definition on the whole target would go into
+  # ddp_comm's precompiled header, which the backends' parts, built without
+  # it, then could not use.
+  set_property(SOURCE ${PROJECT_SOURCE_DIR}/src/comm/init.cpp APPEND PROPERTY
+    COMPILE_DEFINITIONS DDP_WITH_MPI=1)
 endif()

@@ -33,8 +33,11 @@ if(DDP_HAVE_NCCL)
   ddp_add_part(ddp_nccl ${DDP_NCCL_SOURCES})
   target_link_libraries(ddp_nccl PUBLIC ddp_nccl_deps)
   target_compile_definitions(ddp_nccl PRIVATE DDP_WITH_NCCL=1)
-  # init.cpp creates a ProcessGroupNCCL for Backend::kNccl and kAuto.
-  target_compile_definitions(ddp_comm PRIVATE DDP_WITH_NCCL=1)
+  # init.cpp creates a ProcessGroupNCCL for Backend::kNccl and kAuto. On that
+  # file alone, so that ddp_comm's precompiled header, which the backends'
+  # parts reuse, is built without it (as DDP_WITH_MPI in mpi.cmake).
+  set_property(SOURCE ${PROJECT_SOURCE_DIR}/src/comm/init.cpp APPEND PROPERTY
+    COMPILE_DEFINITIONS DDP_WITH_NCCL=1)
 endif()
 
 # ---- The syntax check --------------------------------------------------------------
