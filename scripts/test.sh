@@ -47,6 +47,9 @@ rc=${PIPESTATUS[0]}
 
 summary=$(grep -E '^[0-9]+% tests passed, [0-9]+ tests? failed out of [0-9]+' "$log" | tail -n 1)
 echo
+# CTest counts a skipped test as passed in the line below: say how many there
+# were (only the GPU tests may skip, on a machine without a GPU).
+echo "test.sh: $(grep -cE '\(Skipped\)$' "$log") of the tests were skipped"
 if [[ -n $summary ]]; then
   echo "$summary"
 else

@@ -1,13 +1,13 @@
 # tests: comm
 # init_process_group and the composite group; each backend's tests are in its
 # own folder.
-ddp_add_gtest(init_test SOURCES comm/init_test.cpp LIBS ddp_testing TIMEOUT 60)
+ddp_add_gtest(init_test SOURCES comm/init_test.cpp LIBS ddp_testing LABELS unit TIMEOUT 60)
 # One group over several backends, routed by the device of the tensors.
 ddp_add_gtest(process_group_composite_test SOURCES comm/process_group_composite_test.cpp
-  LIBS ddp_testing TIMEOUT 60)
+  LIBS ddp_testing LABELS unit TIMEOUT 60)
 # The fingerprint checks' pure logic: the hash check's verdict, and how a
 # difference is explained through the store (src/comm/fingerprint.h).
-ddp_add_gtest(fingerprint_test SOURCES comm/fingerprint_test.cpp LIBS ddp_testing TIMEOUT 60)
+ddp_add_gtest(fingerprint_test SOURCES comm/fingerprint_test.cpp LIBS ddp_testing LABELS unit TIMEOUT 60)
 
 # The collective sweep's checks, one source that every backend's test runs
 # (comm/collective_sweep.h).
@@ -26,7 +26,7 @@ target_link_libraries(subgroups_main PRIVATE ddp torch GTest::gtest Threads::Thr
 target_include_directories(subgroups_main PRIVATE ${PROJECT_SOURCE_DIR}/tests)
 target_precompile_headers(subgroups_main REUSE_FROM ddp_test_pch)
 set_target_properties(subgroups_main PROPERTIES POSITION_INDEPENDENT_CODE OFF)
-ddp_add_launched_test(subgroups_4_ranks NPROC 4 COMMAND subgroups_main TIMEOUT 180)
+ddp_add_launched_test(subgroups_4_ranks NPROC 4 COMMAND subgroups_main CASES 8 TIMEOUT 180)
 # The replica groups against PyTorch's DDP over torch.distributed.new_group.
 # (The same cache entry as tests/nn/nn.cmake's, which is included later.)
 set(DDP_TEST_PYTHON "/usr/bin/python3" CACHE FILEPATH
@@ -36,9 +36,7 @@ add_test(NAME subgroups_pytorch_parity
     --ddprun $<TARGET_FILE:ddprun> --ours $<TARGET_FILE:subgroups_main>
     --python ${DDP_TEST_PYTHON} --workdir ${CMAKE_CURRENT_BINARY_DIR})
 set_tests_properties(subgroups_pytorch_parity PROPERTIES TIMEOUT 240 LABELS integration)
-add_test(NAME subgroups_alone COMMAND subgroups_main)
-set_tests_properties(subgroups_alone PROPERTIES TIMEOUT 60 LABELS integration
-  ENVIRONMENT_MODIFICATION "RANK=unset:;WORLD_SIZE=unset:;MASTER_ADDR=unset:;MASTER_PORT=unset:")
+ddp_add_alone_test(subgroups_alone COMMAND subgroups_main CASES 4 TIMEOUT 60)
 
 include(comm/gloo/gloo.cmake)
 include(comm/mpi/mpi.cmake)

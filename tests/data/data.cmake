@@ -8,7 +8,7 @@
 ddp_add_gtest(distributed_sampler_test
   SOURCES data/distributed_sampler_test.cpp data/fake_default_placement.cpp
   LIBS ddp_data ddp_internal
-  TIMEOUT 60)
+  LABELS integration TIMEOUT 60)
 target_compile_definitions(distributed_sampler_test PRIVATE
   DDP_TEST_PYTHON="${DDP_TEST_PYTHON}"
   DDP_SAMPLER_REFERENCE_SCRIPT="${CMAKE_CURRENT_LIST_DIR}/sampler_reference.py")
@@ -21,4 +21,4 @@ ddp_add_gtest(distributed_sampler_group_test
        # init.cpp creates ProcessGroupNCCL and ProcessGroupMPI when built.
        $<$<BOOL:${DDP_HAVE_NCCL}>:ddp_nccl>
        $<$<BOOL:${DDP_HAVE_MPI}>:ddp_comm_mpi>
-  TIMEOUT 60)
+  LABELS integration TIMEOUT 60)

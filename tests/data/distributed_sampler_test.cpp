@@ -21,6 +21,7 @@
 #include <tuple>
 #include <vector>
 
+#include "testing/command_output.h"
 #include "testing/errors.h"
 
 #ifndef DDP_TEST_PYTHON
@@ -93,22 +94,8 @@ bool python_has_torch() {
 
 // Runs sampler_reference.py once and parses its lines.
 std::vector<ReferenceCase> reference_cases() {
-  const std::string command =
-      std::string(DDP_TEST_PYTHON) + " " + DDP_SAMPLER_REFERENCE_SCRIPT;
-  std::unique_ptr<FILE, int (*)(FILE*)> pipe(
-      popen(command.c_str(), "r"), pclose);
-  EXPECT_NE(pipe, nullptr) << "could not run " << command;
-  if (pipe == nullptr) {
-    return {};
-  }
-  std::string output;
-  char buffer[1 << 16];
-  size_t read = 0;
-  while ((read = std::fread(buffer, 1, sizeof(buffer), pipe.get())) > 0) {
-    output.append(buffer, read);
-  }
-  const int status = pclose(pipe.release());
-  EXPECT_EQ(status, 0) << command << " failed";
+  const std::string output = ddp::testing::command_output(
+      std::string(DDP_TEST_PYTHON) + " " + DDP_SAMPLER_REFERENCE_SCRIPT);
 
   std::vector<ReferenceCase> cases;
   std::istringstream lines(output);

@@ -4,11 +4,10 @@
 # toy_model: PyTorch's DDP tutorial on 2 ranks (it exits 1 if the ranks'
 # parameters differ after a step), and alone as a world of size 1.
 # The launched test goes by exit status, which covers every check.
-ddp_add_launched_test(toy_model_2_ranks NPROC 2 COMMAND toy_model TIMEOUT 60)
-add_test(NAME toy_model_alone COMMAND toy_model)
-set_tests_properties(toy_model_alone PROPERTIES TIMEOUT 30
-  PASS_REGULAR_EXPRESSION "checkpoint: parameters agree across 1 rank \\(max difference 0\\)"
-  FAIL_REGULAR_EXPRESSION "DIFFER")
+ddp_add_launched_test(toy_model_2_ranks NPROC 2 COMMAND toy_model TIMEOUT 60 LABELS examples)
+ddp_add_output_test(toy_model_alone EXIT 0
+  REGEX "checkpoint: parameters agree across 1 rank \\(max difference 0\\)" FORBID "DIFFER"
+  TIMEOUT 30 LABELS integration COMMAND $<TARGET_FILE:toy_model>)
 
 # mnist_train on 2 ranks: it learns the synthetic set; a run stopped after
 # epoch 1 and resumed ends bit for bit where an uninterrupted run ends, and so

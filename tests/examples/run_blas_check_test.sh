@@ -32,19 +32,7 @@ reference_dir=$3
 work=$(mktemp -d "${TMPDIR:-/tmp}/ddp-blas-check.XXXXXX") || exit 1
 trap 'rm -rf "$work"' EXIT
 
-ran=0
-failed=0
-check() { # check DESCRIPTION COMMAND...: runs the command, counts the outcome
-  description=$1
-  shift
-  ran=$((ran + 1))
-  if "$@"; then
-    echo "ok: $description"
-  else
-    echo "FAILED: $description"
-    failed=$((failed + 1))
-  fi
-}
+. "$(dirname "$0")/../testing/checks.sh"
 contains() { grep -q -- "$2" "$1"; }
 lacks() { ! grep -q -- "$2" "$1"; }
 count_is() { [ "$(grep -c -- "$2" "$1")" -eq "$3" ]; }
@@ -94,8 +82,7 @@ if [ -n "$blas_file" ]; then
   fi
 fi
 
-if [ "$failed" -ne 0 ]; then
+if [ "$checks_failed" -ne 0 ]; then
   for f in "$work"/*.out "$work"/*.err; do show "$f"; done
 fi
-echo "blas check: $((ran - failed)) of $ran checks passed"
-[ "$failed" -eq 0 ]
+checks_summary "blas check"

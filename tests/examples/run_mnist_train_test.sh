@@ -3,7 +3,9 @@
 #
 #   run_mnist_train_test.sh DDPRUN MNIST_TRAIN WORK_DIR accuracy
 #     Three short epochs on the synthetic set; the last epoch's test accuracy
-#     in the CSV file must be above 0.5 (chance is 0.1).
+#     in the CSV file must be at least 0.85 (the run is deterministic for a
+#     given BLAS: 0.912 with OpenBLAS; chance is 0.1, and a DDP that summed
+#     instead of averaging, or reduced nothing, lands far below).
 #   run_mnist_train_test.sh DDPRUN MNIST_TRAIN WORK_DIR resume
 #     A run stopped after epoch 1 and resumed with --resume must end with
 #     bit-identical parameters (same checksum) and the same epoch-2 metrics as
@@ -90,8 +92,8 @@ case "$mode" in
     head -n 1 "$work/metrics.csv" | grep -qx 'epoch,train_loss,test_accuracy,samples_per_s,seconds' ||
       fail "unexpected CSV header: $(head -n 1 "$work/metrics.csv")"
     accuracy=$(csv_field "$work/metrics.csv" 3 3)
-    awk -v a="$accuracy" 'BEGIN { exit !(a > 0.5) }' ||
-      fail "test accuracy after 3 epochs is $accuracy, expected > 0.5 (chance: 0.1)"
+    awk -v a="$accuracy" 'BEGIN { exit !(a >= 0.85) }' ||
+      fail "test accuracy after 3 epochs is $accuracy, expected >= 0.85 (0.912 seen; chance: 0.1)"
     echo "OK: test accuracy $accuracy after 3 epochs (chance: 0.1)"
     ;;
   resume)

@@ -1,8 +1,7 @@
 # Integration tests: real processes under ddprun.
 ddp_add_launched_test(allreduce_example_4_ranks NPROC 4 COMMAND allreduce_example TIMEOUT 60)
-add_test(NAME allreduce_example_alone COMMAND allreduce_example)
-set_tests_properties(allreduce_example_alone PROPERTIES TIMEOUT 30
-  PASS_REGULAR_EXPRESSION "rank 0 of 1: allreduce gave 1 .*: OK")
+ddp_add_output_test(allreduce_example_alone EXIT 0 REGEX "rank 0 of 1: allreduce gave 1 .*: OK$"
+  TIMEOUT 30 LABELS integration COMMAND $<TARGET_FILE:allreduce_example>)
 
 # toy_model under PyTorch's own launcher, torchrun, whose agent serves a
 # PyTorch TCPStore at MASTER_ADDR:MASTER_PORT for the ranks (the static

@@ -4,14 +4,14 @@
 # ddprun_test_port_rank (the restart tests) as ranks.
 ddp_add_gtest(ddprun_options_test
   SOURCES launch/options_test.cpp launch/output_test.cpp $<TARGET_OBJECTS:ddprun_objects>
-  TIMEOUT 30)
+  LABELS unit TIMEOUT 30)
 
 add_executable(ddprun_test_writer launch/chunky_writer.cpp)
 add_executable(ddprun_test_port_rank launch/port_rank.cpp)
 
 ddp_add_gtest(ddprun_test
   SOURCES launch/ddprun_test.cpp
-  TIMEOUT 120)
+  LABELS integration TIMEOUT 120)
 target_compile_definitions(ddprun_test PRIVATE
   DDPRUN_PATH="$<TARGET_FILE:ddprun>"
   DDPRUN_TEST_WRITER_PATH="$<TARGET_FILE:ddprun_test_writer>"

@@ -2,11 +2,16 @@
 // no process group. Hand-worked cases first, then a sweep that checks the
 // rules on many inputs: every gradient once, one dtype and device per
 // bucket, fill order kept, and buckets closed exactly when they reach their
-// limit.
+// limit; last, PyTorch's own function on 400 generated cases
+// (bucket_reference.py).
 
 #include <gtest/gtest.h>
 
 #include <algorithm>
+#include <cstdio>
+#include <cstdlib>
+#include <memory>
+#include <sstream>
 #include <functional>
 #include <map>
 #include <numeric>
@@ -17,6 +22,7 @@
 
 #include "reducer/bucket_assignment.h"
 
+#include "testing/command_output.h"
 #include "testing/errors.h"
 
 namespace ddp::internal {
@@ -259,6 +265,144 @@ std::vector<SweepCase> sweep_cases() {
 
 INSTANTIATE_TEST_SUITE_P(Sweep, BucketAssignmentSweepTest, ::testing::ValuesIn(sweep_cases()),
                          case_name);
+
+// ---- Against PyTorch ----------------------------------------------------------------
+
+#ifndef DDP_TEST_PYTHON
+#error "DDP_TEST_PYTHON must name the Python interpreter that has torch"
+#endif
+
+std::vector<std::string> split(const std::string& text, char separator) {
+  std::vector<std::string> parts;
+  std::string part;
+  std::istringstream in(text);
+  while (std::getline(in, part, separator)) {
+    parts.push_back(part);
+  }
+  if (!text.empty() && text.back() == separator) {
+    parts.emplace_back();
+  }
+  return parts;
+}
+
+std::vector<size_t> numbers(const std::string& text) {
+  std::vector<size_t> values;
+  for (const auto& part : split(text, ',')) {
+    values.push_back(static_cast<size_t>(std::stoull(part)));
+  }
+  return values;
+}
+
+// One line of bucket_reference.py: a case and PyTorch's buckets for it.
+struct ReferenceCase {
+  std::string line;
+  std::vector<GradientSpec> gradients;
+  std::vector<size_t> limits;
+  std::vector<size_t> order; // empty: index order (construction)
+  Buckets buckets;
+};
+
+std::vector<ReferenceCase> reference_cases() {
+  const std::string output = ddp::testing::command_output(
+      std::string(DDP_TEST_PYTHON) + " " + DDP_BUCKET_REFERENCE_SCRIPT);
+  std::vector<ReferenceCase> cases;
+  std::istringstream lines(output);
+  std::string line;
+  while (std::getline(lines, line)) {
+    const auto fields = split(line, '|');
+    EXPECT_EQ(fields.size(), 6u) << "malformed line: " << line;
+    if (fields.size() != 6) {
+      continue;
+    }
+    ReferenceCase c;
+    c.line = line;
+    const auto dtypes = numbers(fields[0]);
+    const auto numels = numbers(fields[1]);
+    const auto sparse = numbers(fields[2]);
+    for (size_t i = 0; i < dtypes.size(); ++i) {
+      const auto dtype = static_cast<c10::ScalarType>(dtypes[i]);
+      c.gradients.push_back({dtype, c10::Device(c10::kCPU), numels[i] * c10::elementSize(dtype),
+                             sparse[i] != 0});
+    }
+    c.limits = numbers(fields[3]);
+    if (fields[4] != "-") {
+      c.order = numbers(fields[4]);
+    }
+    for (const auto& bucket : split(fields[5], ';')) {
+      c.buckets.push_back(numbers(bucket));
+    }
+    cases.push_back(std::move(c));
+  }
+  return cases;
+}
+
+// The buckets of one kind (dtype, and sparse or dense), in their order in
+// `buckets`.
+Buckets of_kind(const Buckets& buckets, const std::vector<GradientSpec>& gradients,
+                c10::ScalarType dtype, bool sparse) {
+  Buckets selected;
+  for (const auto& bucket : buckets) {
+    const auto& first = gradients[bucket.front()];
+    if (first.dtype == dtype && first.sparse == sparse) {
+      selected.push_back(bucket);
+    }
+  }
+  return selected;
+}
+
+// At construction (no fill order given to PyTorch; ours is given index
+// order, as PyTorch's DDP passes its parameters) the buckets must be the
+// same lists in the same order: PyTorch sorts them by their smallest index,
+// ours by their first gradient in fill order, which is the same there. For
+// a rebuild (a fill order: PyTorch's Reducer passes the tensors in the order
+// they became ready, with their indices), PyTorch returns the buckets that
+// closed in the order they closed, a sparse one at once, and then the open
+// ones in its hash map's order, which interleaves the kinds arbitrarily; ours
+// come in the order of their first gradient. The same buckets, each with the
+// same indices in the same order, and the same order among the buckets of
+// one kind (dtype, dense or sparse), are what must hold; the launch order
+// across kinds does not change any result.
+TEST(BucketAssignmentTest, MatchesPyTorchOnGeneratedCases) {
+  const auto cases = reference_cases();
+  ASSERT_EQ(cases.size(), 400u) << "bucket_reference.py prints 400 cases";
+  int rebuilds = 0;
+  int failures = 0;
+  for (const auto& c : cases) {
+    SCOPED_TRACE("case " + c.line);
+    std::vector<size_t> order = c.order;
+    if (order.empty()) {
+      order.resize(c.gradients.size());
+      std::iota(order.begin(), order.end(), size_t{0});
+    } else {
+      ++rebuilds;
+    }
+    const Buckets ours = compute_bucket_assignment_by_size(c.gradients, c.limits, order);
+    bool same = false;
+    if (c.order.empty()) {
+      same = ours == c.buckets;
+    } else {
+      Buckets sorted_ours = ours;
+      Buckets sorted_theirs = c.buckets;
+      std::sort(sorted_ours.begin(), sorted_ours.end());
+      std::sort(sorted_theirs.begin(), sorted_theirs.end());
+      same = sorted_ours == sorted_theirs;
+      for (auto dtype : {c10::kFloat, c10::kDouble, c10::kHalf}) {
+        for (bool sparse : {false, true}) {
+          same = same && of_kind(ours, c.gradients, dtype, sparse) ==
+                             of_kind(c.buckets, c.gradients, dtype, sparse);
+        }
+      }
+    }
+    if (!same) {
+      ADD_FAILURE() << "ours " << ::testing::PrintToString(ours) << ", PyTorch's "
+                    << ::testing::PrintToString(c.buckets);
+      if (++failures == 10) {
+        break;
+      }
+    }
+  }
+  EXPECT_GT(rebuilds, 100) << "the generated cases should include fill orders";
+}
 
 } // namespace
 } // namespace ddp::internal

@@ -9,23 +9,29 @@
 set(DDP_TEST_PYTHON "/usr/bin/python3" CACHE FILEPATH
     "Python interpreter with torch, for the parity tests against PyTorch")
 
-# Bucket assignment, a pure function (src/reducer/bucket_assignment.h).
+# Bucket assignment, a pure function (src/reducer/bucket_assignment.h):
+# hand-worked cases, rule sweeps, and 400 generated cases against PyTorch's
+# own dist._compute_bucket_assignment_by_size (bucket_reference.py, run with
+# DDP_TEST_PYTHON; it fails, never skips, when that cannot import torch).
 ddp_add_gtest(bucket_assignment_test SOURCES nn/bucket_assignment_test.cpp LIBS ddp
-  TIMEOUT 30)
+  LABELS integration TIMEOUT 60)
+target_compile_definitions(bucket_assignment_test PRIVATE
+  DDP_TEST_PYTHON="${DDP_TEST_PYTHON}"
+  DDP_BUCKET_REFERENCE_SCRIPT="${CMAKE_CURRENT_LIST_DIR}/bucket_reference.py")
 
 # Errors that need no running group: DDP before init_process_group.
 ddp_add_gtest(distributed_data_parallel_test SOURCES nn/distributed_data_parallel_test.cpp
-  LIBS ddp TIMEOUT 60)
+  LIBS ddp LABELS unit TIMEOUT 60)
 
 # SyncBatchNorm and convert_sync_batchnorm in one process: layout, the
 # conversion, checkpoints, the collectives it issues (a recording fake
 # group), and uneven and empty ranks as threads over Gloo.
 ddp_add_gtest(sync_batch_norm_test SOURCES nn/sync_batch_norm_test.cpp LIBS ddp_testing
-  TIMEOUT 60)
+  LABELS unit TIMEOUT 60)
 
 # The PowerSGD hook on hand-made buckets over a fake group: collective
 # order, errors, reconstruction, world-size division, error feedback.
-ddp_add_gtest(powersgd_hook_test SOURCES nn/powersgd_hook_test.cpp LIBS ddp_testing TIMEOUT 60)
+ddp_add_gtest(powersgd_hook_test SOURCES nn/powersgd_hook_test.cpp LIBS ddp_testing LABELS unit TIMEOUT 60)
 # A DDP program that the nn tests launch. GTest::gtest is not used by the
 # programs, but its compile definitions must match the shared precompiled
 # header's for the compiler to accept it (Torch's headers dominate compile
@@ -42,41 +48,33 @@ endfunction()
 # broadcast at construction, bucket layout and overlap, static_graph) on 2 and 3 ranks,
 # and alone: a world of size 1 with no launcher must match plain training.
 ddp_add_nn_program(ddp_parity_main nn/ddp_parity_main.cpp)
-ddp_add_launched_test(ddp_parity_2_ranks NPROC 2 COMMAND ddp_parity_main TIMEOUT 90)
-ddp_add_launched_test(ddp_parity_3_ranks NPROC 3 COMMAND ddp_parity_main TIMEOUT 90)
-add_test(NAME ddp_parity_alone COMMAND ddp_parity_main)
-set_tests_properties(ddp_parity_alone PROPERTIES TIMEOUT 60
-  ENVIRONMENT_MODIFICATION "RANK=unset:;WORLD_SIZE=unset:;MASTER_ADDR=unset:;MASTER_PORT=unset:")
+ddp_add_launched_test(ddp_parity_2_ranks NPROC 2 COMMAND ddp_parity_main CASES 28 TIMEOUT 90)
+ddp_add_launched_test(ddp_parity_3_ranks NPROC 3 COMMAND ddp_parity_main CASES 28 TIMEOUT 90)
+ddp_add_alone_test(ddp_parity_alone COMMAND ddp_parity_main CASES 28 TIMEOUT 60)
 
 # SyncBatchNorm on 2 and 3 ranks (and alone) against BatchNorm in one
 # process on the whole batch: uneven slices, an empty rank, 1d/2d/3d.
 ddp_add_nn_program(ddp_sync_batch_norm_main nn/sync_batch_norm_main.cpp)
 ddp_add_launched_test(ddp_sync_batch_norm_2_ranks NPROC 2 COMMAND ddp_sync_batch_norm_main
-  TIMEOUT 90)
+  CASES 5 TIMEOUT 90)
 ddp_add_launched_test(ddp_sync_batch_norm_3_ranks NPROC 3 COMMAND ddp_sync_batch_norm_main
-  TIMEOUT 90)
-add_test(NAME ddp_sync_batch_norm_alone COMMAND ddp_sync_batch_norm_main)
-set_tests_properties(ddp_sync_batch_norm_alone PROPERTIES TIMEOUT 60
-  ENVIRONMENT_MODIFICATION "RANK=unset:;WORLD_SIZE=unset:;MASTER_ADDR=unset:;MASTER_PORT=unset:")
+  CASES 5 TIMEOUT 90)
+ddp_add_alone_test(ddp_sync_batch_norm_alone COMMAND ddp_sync_batch_norm_main CASES 5 TIMEOUT 60)
 
 # Sparse gradients (Embedding and EmbeddingBag with sparse(true)): parity
 # with one process, no_sync, hooks, unused tables, layout and Join, on 2 and
 # 3 ranks, and alone.
 ddp_add_nn_program(ddp_sparse_main nn/ddp_sparse_main.cpp)
-ddp_add_launched_test(ddp_sparse_2_ranks NPROC 2 COMMAND ddp_sparse_main TIMEOUT 90)
-ddp_add_launched_test(ddp_sparse_3_ranks NPROC 3 COMMAND ddp_sparse_main TIMEOUT 90)
-add_test(NAME ddp_sparse_alone COMMAND ddp_sparse_main)
-set_tests_properties(ddp_sparse_alone PROPERTIES TIMEOUT 60
-  ENVIRONMENT_MODIFICATION "RANK=unset:;WORLD_SIZE=unset:;MASTER_ADDR=unset:;MASTER_PORT=unset:")
+ddp_add_launched_test(ddp_sparse_2_ranks NPROC 2 COMMAND ddp_sparse_main CASES 9 TIMEOUT 90)
+ddp_add_launched_test(ddp_sparse_3_ranks NPROC 3 COMMAND ddp_sparse_main CASES 9 TIMEOUT 90)
+ddp_add_alone_test(ddp_sparse_alone COMMAND ddp_sparse_main CASES 9 TIMEOUT 60)
 
 # The PowerSGD communication hook on 2 and 3 ranks (and alone) against one
 # process running it on the whole batch; its bytes in closed form.
 ddp_add_nn_program(ddp_powersgd_main nn/powersgd_main.cpp)
-ddp_add_launched_test(ddp_powersgd_2_ranks NPROC 2 COMMAND ddp_powersgd_main TIMEOUT 90)
-ddp_add_launched_test(ddp_powersgd_3_ranks NPROC 3 COMMAND ddp_powersgd_main TIMEOUT 90)
-add_test(NAME ddp_powersgd_alone COMMAND ddp_powersgd_main)
-set_tests_properties(ddp_powersgd_alone PROPERTIES TIMEOUT 60
-  ENVIRONMENT_MODIFICATION "RANK=unset:;WORLD_SIZE=unset:;MASTER_ADDR=unset:;MASTER_PORT=unset:")
+ddp_add_launched_test(ddp_powersgd_2_ranks NPROC 2 COMMAND ddp_powersgd_main CASES 7 TIMEOUT 90)
+ddp_add_launched_test(ddp_powersgd_3_ranks NPROC 3 COMMAND ddp_powersgd_main CASES 7 TIMEOUT 90)
+ddp_add_alone_test(ddp_powersgd_alone COMMAND ddp_powersgd_main CASES 7 TIMEOUT 60)
 # Errors on every rank, no hang: models that differ across ranks, a
 # parameter without a gradient when find_unused_parameters is off, and ranks
 # that disagree on no_sync() under Join (on 2 and 3 ranks).
@@ -114,9 +112,9 @@ target_include_directories(ddp_checkpoint_plain_load PRIVATE ${PROJECT_SOURCE_DI
 target_precompile_headers(ddp_checkpoint_plain_load REUSE_FROM ddp_test_pch)
 set_target_properties(ddp_checkpoint_plain_load PROPERTIES POSITION_INDEPENDENT_CODE OFF)
 ddp_add_nn_program(ddp_join_checkpoint_main nn/ddp_join_checkpoint_main.cpp)
-ddp_add_launched_test(ddp_join_checkpoint_2_ranks NPROC 2 COMMAND ddp_join_checkpoint_main
+ddp_add_launched_test(ddp_join_checkpoint_2_ranks NPROC 2 COMMAND ddp_join_checkpoint_main CASES 3
   ARGS ${CMAKE_CURRENT_BINARY_DIR} $<TARGET_FILE:ddp_checkpoint_plain_load> TIMEOUT 90)
-ddp_add_launched_test(ddp_join_checkpoint_3_ranks NPROC 3 COMMAND ddp_join_checkpoint_main
+ddp_add_launched_test(ddp_join_checkpoint_3_ranks NPROC 3 COMMAND ddp_join_checkpoint_main CASES 3
   ARGS ${CMAKE_CURRENT_BINARY_DIR} $<TARGET_FILE:ddp_checkpoint_plain_load> TIMEOUT 90)
 
 # Checkpoints and crashes: under ddprun with 2 ranks, rank 0 is killed at

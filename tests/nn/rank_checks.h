@@ -134,10 +134,17 @@ class Report {
   }
 
   /// Prints the summary; returns the exit status (1 if any case failed).
+  /// Prints "<program>: P of N cases passed" (the launched tests check that
+  /// line's count) and returns the exit status: 1 when a case failed, or
+  /// when no case ran at all (a program whose cases were all skipped proves
+  /// nothing), else 0.
   int finish() const {
     std::printf("%s: %d of %d cases passed\n", program_.c_str(), cases_ - failed_, cases_);
+    if (cases_ == 0) {
+      std::printf("%s: FAILED: no case ran\n", program_.c_str());
+    }
     std::fflush(stdout);
-    return failed_ == 0 ? 0 : 1;
+    return failed_ == 0 && cases_ > 0 ? 0 : 1;
   }
 
  private:

@@ -3,17 +3,17 @@
 ddp_add_gtest(store_test
   SOURCES store/store_test.cpp
   LIBS ddp_stores ddp_internal
-  TIMEOUT 60)
+  LABELS integration TIMEOUT 60)
 ddp_add_gtest(tcp_store_test
   SOURCES store/tcp_store_test.cpp
   LIBS ddp_stores ddp_internal
-  TIMEOUT 60)
+  LABELS unit TIMEOUT 60)
 # The TCPStore server against hostile clients: handshake, buffer bound,
 # deadlines, token. One test forks a server and sends it a few hundred MiB.
 ddp_add_gtest(tcp_store_bounds_test
   SOURCES store/tcp_store_bounds_test.cpp
   LIBS ddp_stores ddp_internal
-  TIMEOUT 180)
+  LABELS integration TIMEOUT 180)
 if(DDP_SANITIZE STREQUAL "address")
   # The test bounds the server's resident memory. ASan keeps freed blocks in
   # a quarantine (256 MiB by default) before reusing them, which the server's
@@ -25,7 +25,7 @@ endif()
 ddp_add_gtest(file_store_test
   SOURCES store/file_store_test.cpp
   LIBS ddp_stores ddp_internal
-  TIMEOUT 60)
+  LABELS unit TIMEOUT 60)
 
 # TorchTCPStore against real PyTorch TCPStore servers, which
 # torch_store_helper.py starts with DDP_TEST_PYTHON (tests/CMakeLists.txt).
@@ -36,7 +36,7 @@ ddp_add_gtest(file_store_test
 ddp_add_gtest(torch_tcp_store_test
   SOURCES store/torch_tcp_store_test.cpp
   LIBS ddp_stores ddp_internal
-  TIMEOUT 300)
+  LABELS integration TIMEOUT 300)
 target_compile_definitions(torch_tcp_store_test PRIVATE
   DDP_TEST_PYTHON="${DDP_TEST_PYTHON}"
   DDP_TORCH_STORE_HELPER="${CMAKE_CURRENT_LIST_DIR}/torch_store_helper.py")

@@ -2,32 +2,33 @@
 # ProcessGroup over Gloo: the collective sweep (comm/collective_sweep.h) on
 # threads, failures in processes.
 ddp_add_gtest(process_group_gloo_test SOURCES comm/gloo/process_group_gloo_test.cpp
-  LIBS ddp_testing ddp_collective_sweep TIMEOUT 300)
+  LIBS ddp_testing ddp_collective_sweep LABELS integration TIMEOUT 300)
 ddp_add_gtest(process_group_failure_test SOURCES comm/gloo/process_group_failure_test.cpp
-  LIBS ddp_testing TIMEOUT 120)
+  LIBS ddp_testing LABELS integration TIMEOUT 120)
 # Which Gloo runs: the private copy inside libddp.so when LibTorch carries its
 # own, else the shared libgloo (cmake/gloo.cmake).
-ddp_add_gtest(gloo_origin_test SOURCES comm/gloo/gloo_origin_test.cpp LIBS ddp TIMEOUT 30)
+ddp_add_gtest(gloo_origin_test SOURCES comm/gloo/gloo_origin_test.cpp LIBS ddp LABELS unit TIMEOUT 30)
 if(DDP_GLOO_KIND STREQUAL "PRIVATE")
   target_compile_definitions(gloo_origin_test PRIVATE DDP_PRIVATE_GLOO=1)
   # And none of its symbols leaves libddp.so, defined or undefined.
   add_test(NAME gloo_symbols_hidden
-    COMMAND sh -c "${CMAKE_NM} -DC $<TARGET_FILE:ddp> | grep 'gloo::' && { echo 'libddp.so exports or imports the Gloo symbols above'; exit 1; } || echo 'no Gloo symbol in the dynamic symbol table of libddp.so'")
-  set_tests_properties(gloo_symbols_hidden PROPERTIES TIMEOUT 30)
+    COMMAND sh ${CMAKE_CURRENT_LIST_DIR}/comm/gloo/check_gloo_symbols_hidden.sh
+            ${CMAKE_NM} $<TARGET_FILE:ddp>)
+  set_tests_properties(gloo_symbols_hidden PROPERTIES TIMEOUT 30 LABELS unit)
 endif()
 # What a failing or ending group says and does: peers named by rank, the
 # missing rank named at rendezvous, destroy letting queued work finish.
 ddp_add_gtest(gloo_reliability_test SOURCES comm/gloo/gloo_reliability_test.cpp
-  LIBS ddp_testing TIMEOUT 150)
+  LIBS ddp_testing LABELS integration TIMEOUT 150)
 # destroy_process_group() then init_process_group() 20 times in a row on one
 # MASTER_PORT, 2 and 3 processes, a collective checked after each init.
 ddp_add_gtest(gloo_reinit_test SOURCES comm/gloo/gloo_reinit_test.cpp
-  LIBS ddp_testing TIMEOUT 240)
+  LIBS ddp_testing LABELS integration TIMEOUT 240)
 # Allreduce of sparse COO tensors, ranks as threads; which groups support it.
 ddp_add_gtest(sparse_allreduce_test SOURCES comm/gloo/sparse_allreduce_test.cpp
-  LIBS ddp_testing TIMEOUT 120)
+  LIBS ddp_testing LABELS integration TIMEOUT 120)
 # Ranks that call different collectives at the same point, in processes over
 # real sockets: CollectiveMismatchError naming both calls on every rank, never
 # a crash or a partial result (Note [Collective fingerprints]).
 ddp_add_gtest(collective_mismatch_test SOURCES comm/gloo/collective_mismatch_test.cpp
-  LIBS ddp_testing TIMEOUT 120)
+  LIBS ddp_testing LABELS integration TIMEOUT 120)

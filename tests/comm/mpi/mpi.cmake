@@ -14,39 +14,46 @@ target_precompile_headers(mpi_failure_main REUSE_FROM ddp_test_pch)
 set_target_properties(mpi_failure_main PROPERTIES POSITION_INDEPENDENT_CODE OFF)
 
 # DDP_BACKEND that names no backend, in every build.
-add_test(NAME ddp_backend_env_invalid COMMAND mpi_failure_main init)
-set_tests_properties(ddp_backend_env_invalid PROPERTIES TIMEOUT 30
-  ENVIRONMENT "DDP_BACKEND=mip"
-  PASS_REGULAR_EXPRESSION "DDP_BACKEND='mip' names no backend; use gloo, nccl or mpi")
+ddp_add_output_test(ddp_backend_env_invalid EXIT nonzero
+  REGEX "DDP_BACKEND='mip' names no backend; use gloo, nccl or mpi"
+  TIMEOUT 30 LABELS unit ENV "DDP_BACKEND=mip" COMMAND $<TARGET_FILE:mpi_failure_main> init)
 
 if(NOT DDP_HAVE_MPI)
-  add_test(NAME mpi_backend_not_built COMMAND mpi_failure_main init)
-  set_tests_properties(mpi_backend_not_built PROPERTIES TIMEOUT 30
-    ENVIRONMENT "DDP_BACKEND=mpi"
-    PASS_REGULAR_EXPRESSION "DDP_BACKEND=mpi: this ddp was built without the MPI backend")
+  ddp_add_output_test(mpi_backend_not_built EXIT nonzero
+    REGEX "DDP_BACKEND=mpi: this ddp was built without the MPI backend"
+    TIMEOUT 30 LABELS unit ENV "DDP_BACKEND=mpi" COMMAND $<TARGET_FILE:mpi_failure_main> init)
   return()
 endif()
 
 # ddp_add_mpi_test(<name> NP <n> COMMAND <target> [ARGS <args...>] TIMEOUT <s>
-#                  [LABELS <labels...>] [ENV <VAR=value...>] [PASS_REGULAR_EXPRESSION <regex>])
+#                  [LABELS <labels...>] [ENV <VAR=value...>]
+#                  [REGEX <regex> [MATCHES <m>]] [CASES <c>])
 # Runs <target> under `mpirun -np <n>` with DDP_BACKEND=mpi, one OpenMP
-# thread per rank (what ddprun sets for several ranks) and the ENV variables. With
-# PASS_REGULAR_EXPRESSION, CTest ignores the exit code, so mpirun's report of
-# a failed rank and the programs' own failure words fail the test instead.
+# thread per rank (what ddprun sets for several ranks) and the ENV variables.
+# mpirun's exit status is the test's first verdict. REGEX: besides, at least
+# <m> (default 1) lines must match it; CASES: each rank must print
+# "<c> of <c> cases passed" (tests/nn/rank_checks.h). Either way the
+# programs' own failure words fail the test (ddp_add_output_test).
 function(ddp_add_mpi_test name)
-  cmake_parse_arguments(T "" "NP;COMMAND;TIMEOUT;PASS_REGULAR_EXPRESSION" "ARGS;LABELS;ENV" ${ARGN})
+  cmake_parse_arguments(T "" "NP;COMMAND;TIMEOUT;REGEX;MATCHES;CASES" "ARGS;LABELS;ENV" ${ARGN})
   if(NOT T_TIMEOUT)
     message(FATAL_ERROR "ddp_add_mpi_test(${name}): every test needs a TIMEOUT")
   endif()
-  add_test(NAME ${name}
-    COMMAND ${MPIEXEC_EXECUTABLE} ${MPIEXEC_NUMPROC_FLAG} ${T_NP} ${DDP_MPIEXEC_FLAGS}
-            ${MPIEXEC_PREFLAGS} $<TARGET_FILE:${T_COMMAND}> ${MPIEXEC_POSTFLAGS} ${T_ARGS})
-  set_tests_properties(${name} PROPERTIES TIMEOUT ${T_TIMEOUT} LABELS "mpi;${T_LABELS}"
-    ENVIRONMENT "DDP_BACKEND=mpi;OMP_NUM_THREADS=1;${T_ENV}")
-  if(T_PASS_REGULAR_EXPRESSION)
-    set_tests_properties(${name} PROPERTIES PASS_REGULAR_EXPRESSION "${T_PASS_REGULAR_EXPRESSION}"
-      FAIL_REGULAR_EXPRESSION "DIFFER|WRONG|non-zero exit code|exited on signal|MPI_ABORT")
+  set(command ${MPIEXEC_EXECUTABLE} ${MPIEXEC_NUMPROC_FLAG} ${T_NP} ${DDP_MPIEXEC_FLAGS}
+      ${MPIEXEC_PREFLAGS} $<TARGET_FILE:${T_COMMAND}> ${MPIEXEC_POSTFLAGS} ${T_ARGS})
+  if(T_CASES)
+    set(T_REGEX " ${T_CASES} of ${T_CASES} cases passed$")
+    set(T_MATCHES ${T_NP})
   endif()
+  if(T_REGEX)
+    ddp_add_output_test(${name} EXIT 0 REGEX "${T_REGEX}" MATCHES ${T_MATCHES}
+      FORBID "DIFFER|WRONG|MPI_ABORT" TIMEOUT ${T_TIMEOUT} LABELS mpi ${T_LABELS}
+      COMMAND ${command})
+  else()
+    add_test(NAME ${name} COMMAND ${command})
+    set_tests_properties(${name} PROPERTIES TIMEOUT ${T_TIMEOUT} LABELS "mpi;${T_LABELS}")
+  endif()
+  set_tests_properties(${name} PROPERTIES ENVIRONMENT "DDP_BACKEND=mpi;OMP_NUM_THREADS=1;${T_ENV}")
 endfunction()
 
 # ---- The collective sweep and the group's own tests ------------------------------
@@ -93,21 +100,20 @@ set_tests_properties(mpi_killed_rank_ends_job PROPERTIES TIMEOUT 90 LABELS mpi
   ENVIRONMENT "DDP_BACKEND=mpi;OMP_NUM_THREADS=1")
 # Two processes that ddprun-style variables describe as one job, without an
 # MPI launcher: the error says to use mpirun.
-add_test(NAME mpi_outside_mpi_launcher COMMAND mpi_failure_main init)
-set_tests_properties(mpi_outside_mpi_launcher PROPERTIES TIMEOUT 60 LABELS mpi
-  ENVIRONMENT "DDP_BACKEND=mpi;WORLD_SIZE=2;RANK=0;MASTER_ADDR=127.0.0.1;MASTER_PORT=1"
-  PASS_REGULAR_EXPRESSION "MPI sees this process as a world of its own.*DDP_BACKEND=mpi mpirun -np 2")
+ddp_add_output_test(mpi_outside_mpi_launcher EXIT nonzero
+  REGEX "MPI sees this process as a world of its own.*DDP_BACKEND=mpi mpirun -np 2"
+  TIMEOUT 60 LABELS mpi
+  ENV "DDP_BACKEND=mpi;WORLD_SIZE=2;RANK=0;MASTER_ADDR=127.0.0.1;MASTER_PORT=1"
+  COMMAND $<TARGET_FILE:mpi_failure_main> init)
 # A shared-memory threshold that is not a number.
-add_test(NAME mpi_shared_memory_env_invalid COMMAND mpi_failure_main init)
-set_tests_properties(mpi_shared_memory_env_invalid PROPERTIES TIMEOUT 60 LABELS mpi
-  ENVIRONMENT "DDP_BACKEND=mpi;DDP_MPI_SHARED_MEMORY_MIN_BYTES=64k"
-  PASS_REGULAR_EXPRESSION "DDP_MPI_SHARED_MEMORY_MIN_BYTES='64k' is not a byte count")
+ddp_add_output_test(mpi_shared_memory_env_invalid EXIT nonzero
+  REGEX "DDP_MPI_SHARED_MEMORY_MIN_BYTES='64k' is not a byte count"
+  TIMEOUT 60 LABELS mpi ENV "DDP_BACKEND=mpi;DDP_MPI_SHARED_MEMORY_MIN_BYTES=64k"
+  COMMAND $<TARGET_FILE:mpi_failure_main> init)
 # ddprun does not start MPI jobs, and says which launcher does.
-add_test(NAME ddprun_refuses_mpi
+ddp_add_output_test(ddprun_refuses_mpi EXIT nonzero REGEX "^  DDP_BACKEND=mpi mpirun -np 2 .*mpi_failure_main init$"
+  TIMEOUT 30 LABELS mpi ENV "DDP_BACKEND=mpi"
   COMMAND $<TARGET_FILE:ddprun> --nproc-per-node 2 $<TARGET_FILE:mpi_failure_main> init)
-set_tests_properties(ddprun_refuses_mpi PROPERTIES TIMEOUT 30 LABELS mpi
-  ENVIRONMENT "DDP_BACKEND=mpi"
-  PASS_REGULAR_EXPRESSION "ddprun: DDP_BACKEND=mpi: .*mpirun -np 2")
 
 # The backend with CUDA tensors, run by hand on a GPU machine (no CTest test:
 # the machines that run the suite have no GPU):
@@ -119,20 +125,20 @@ set_target_properties(mpi_cuda_main PROPERTIES POSITION_INDEPENDENT_CODE OFF)
 
 # ---- DDP, Join and the examples, unchanged, on MPI --------------------------------
 # The programs are defined in tests/nn/nn.cmake and examples/.
-ddp_add_mpi_test(ddp_parity_mpi_2_ranks NP 2 COMMAND ddp_parity_main TIMEOUT 120)
+ddp_add_mpi_test(ddp_parity_mpi_2_ranks NP 2 COMMAND ddp_parity_main CASES 28 TIMEOUT 120)
 # Subgroups as communicators of MPI_COMM_WORLD (tests/comm/comm.cmake).
-ddp_add_mpi_test(subgroups_mpi_4_ranks NP 4 COMMAND subgroups_main TIMEOUT 180)
-ddp_add_mpi_test(ddp_parity_mpi_3_ranks NP 3 COMMAND ddp_parity_main TIMEOUT 180)
+ddp_add_mpi_test(subgroups_mpi_4_ranks NP 4 COMMAND subgroups_main CASES 8 TIMEOUT 180)
+ddp_add_mpi_test(ddp_parity_mpi_3_ranks NP 3 COMMAND ddp_parity_main CASES 28 TIMEOUT 180)
 # Every bucket in shared memory (Note [MPI shared buffers]), however small:
 # the same parity, and the program checks that the buckets are shared.
 foreach(np 2 3)
   ddp_add_mpi_test(ddp_parity_mpi_${np}_ranks_shared_buckets NP ${np} COMMAND ddp_parity_main
-    TIMEOUT 180 ENV DDP_MPI_SHARED_MEMORY_MIN_BYTES=0)
+    CASES 28 TIMEOUT 180 ENV DDP_MPI_SHARED_MEMORY_MIN_BYTES=0)
 endforeach()
 # Sparse gradients through the MPI backend's sparse allreduce (Note [Sparse
 # allreduce over MPI]): the same checks as ddp_sparse_{2,3}_ranks on Gloo.
-ddp_add_mpi_test(ddp_sparse_mpi_2_ranks NP 2 COMMAND ddp_sparse_main TIMEOUT 90)
-ddp_add_mpi_test(ddp_sparse_mpi_3_ranks NP 3 COMMAND ddp_sparse_main TIMEOUT 120)
+ddp_add_mpi_test(ddp_sparse_mpi_2_ranks NP 2 COMMAND ddp_sparse_main CASES 9 TIMEOUT 90)
+ddp_add_mpi_test(ddp_sparse_mpi_3_ranks NP 3 COMMAND ddp_sparse_main CASES 9 TIMEOUT 120)
 foreach(np 2 3)
   # Its own scratch folder: the program names its checkpoint after
   # MASTER_PORT, which mpirun does not set.
@@ -150,9 +156,9 @@ ddp_add_mpi_test(ddp_join_checkpoint_mpi_2_ranks_shared_buckets NP 2 COMMAND ddp
   ENV DDP_MPI_SHARED_MEMORY_MIN_BYTES=0)
 if(DDP_BUILD_EXAMPLES)
   ddp_add_mpi_test(toy_model_mpi_2_ranks NP 2 COMMAND toy_model TIMEOUT 90
-    PASS_REGULAR_EXPRESSION "toy_model: rank 1 of 2 on cpu, backend mpi")
+    REGEX "checkpoint: parameters agree across 2 ranks \\(max difference 0\\)" MATCHES 2)
   ddp_add_mpi_test(allreduce_example_mpi_4_ranks NP 4 COMMAND allreduce_example TIMEOUT 90
-    PASS_REGULAR_EXPRESSION "rank 3 of 4: allreduce gave 10 \\(expected 1 \\+ 2 \\+ ... \\+ 4 = 10\\): OK")
+    REGEX "allreduce gave 10 \\(expected 1 \\+ 2 \\+ ... \\+ 4 = 10\\): OK" MATCHES 4)
 endif()
 
 # ---- Collective fingerprints -----------------------------------------------------
