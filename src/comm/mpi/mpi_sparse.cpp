@@ -13,6 +13,8 @@
 
 #include "comm/mpi/mpi_sparse.h"
 
+#include "comm/sparse_layout.h"
+
 #include <ATen/ATen.h>
 #include <c10/util/Exception.h>
 
@@ -62,18 +64,10 @@ at::Tensor allgatherv(const at::Tensor& mine, const std::vector<int64_t>& counts
 void sparse_allreduce(const at::Tensor& tensor, MPI_Comm comm, const std::string& who) {
   int size = 0;
   check_mpi(MPI_Comm_size(comm, &size), who + ": MPI_Comm_size");
-  const auto local = tensor.to(at::kCPU).coalesce();
-  const int64_t dim = local.dim();
+  const SparseLayout layout(tensor);
+  const auto& [local, dim, sparse_dim, nnz, sizes, dense_sizes, per_entry] = layout;
   DDP_CHECK(dim <= kMaxDims, who, ": a sparse tensor of ", dim,
             " dimensions; the MPI backend reduces sparse tensors of at most ", kMaxDims);
-  const int64_t sparse_dim = local.sparse_dim();
-  const int64_t nnz = local._nnz();
-  const auto sizes = local.sizes().vec();
-  const std::vector<int64_t> dense_sizes(sizes.begin() + sparse_dim, sizes.end());
-  int64_t per_entry = 1;
-  for (int64_t s : dense_sizes) {
-    per_entry *= s;
-  }
 
   std::vector<int64_t> header(kHeader, -1);
   header[0] = dim;

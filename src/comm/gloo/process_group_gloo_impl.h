@@ -1,0 +1,493 @@
+#pragma once
+
+// ProcessGroupGloo::Impl (private header, included by process_group_gloo.cpp
+// alone): the task queue, the worker threads that run it and the monitor
+// thread of Note [Collective fingerprints], with the conversion of Gloo's
+// failures into ddp's errors. The collectives that fill the queue are in
+// process_group_gloo.cpp, whose opening comment tells how the two work
+// together; the sparse allreduce is in gloo_sparse.cpp, send/recv in
+// gloo_point_to_point.cpp.
+
+#include <ddp/comm/process_group_gloo.h>
+
+#include <ATen/ATen.h>
+
+#include <algorithm>
+#include <atomic>
+#include <condition_variable>
+#include <deque>
+#include <functional>
+#include <map>
+#include <mutex>
+#include <optional>
+#include <sstream>
+#include <thread>
+
+#include <ddp/comm/error.h>
+
+#include "comm/fingerprint.h"
+#include "comm/gloo/gloo_api.h"
+#include "comm/gloo/gloo_errors.h"
+#include "comm/gloo/gloo_rendezvous.h"
+#include "comm/gloo/gloo_words.h"
+#include "comm/gloo/sigpipe_guard.h"
+#include "comm/host_staging.h"
+#include "internal/check.h"
+
+namespace ddp {
+
+// Everything that touches Gloo. See the narrative at the top of the file.
+//
+// Thread-safety: `enqueue` may be called from any thread; the worker threads
+// alone run tasks and touch `context_` for collectives; the monitor thread
+// reads the running tasks under `mutex_` and talks to the store (Note
+// [Collective fingerprints]).
+class DDP_GLOO_HIDDEN ProcessGroupGloo::Impl {
+ public:
+  struct Task {
+    std::shared_ptr<Work> work;
+    std::chrono::milliseconds timeout;
+    // Given the task's Gloo tag, deadline and Work name.
+    std::function<std::vector<at::Tensor>(uint32_t tag, std::chrono::milliseconds timeout,
+                                          const std::string& name)>
+        run;
+    internal::Fingerprint fingerprint; // its seq is the task's; see Note [Collective fingerprints]
+    internal::StreamFence fence; // See Note [Gloo and CUDA streams] in comm/host_staging.h
+    // See Note [Two Gloo tasks at once].
+    std::vector<const void*> storages;
+    bool exclusive = false;
+  };
+
+  Impl(ProcessGroupGloo& group, std::shared_ptr<Store> store,
+       const ProcessGroupGlooOptions& options)
+      : group_(group), store_(std::move(store)) {
+    // The rendezvous writes to Gloo's sockets from this thread, and every
+    // thread started here (Gloo's event loop, the workers, the monitor)
+    // begins life with this thread's signal mask, so SIGPIPE is blocked in
+    // them from their first instruction: See Note [SIGPIPE and Gloo].
+    internal::SigpipeGuard guard;
+    connect(options);
+    for (int i = 0; i < kWorkerThreads; ++i) {
+      workers_.emplace_back([this] { run_worker(); });
+    }
+    monitor_ = std::thread([this] { run_monitor(); });
+  }
+
+  ~Impl() {
+    {
+      std::lock_guard<std::mutex> lock(mutex_);
+      stop_ = true;
+    }
+    queue_cv_.notify_all();
+    monitor_cv_.notify_all();
+    for (auto& worker : workers_) {
+      worker.join();
+    }
+    monitor_.join();
+  }
+
+  std::string who() const {
+    return group_.rank_prefix();
+  }
+
+  // Queues `run` as the next collective; returns its Work. `fingerprint`
+  // describes this rank's call (all but its sequence number, which is set
+  // here); see Note [Collective fingerprints].
+  std::shared_ptr<Work> enqueue(
+      internal::Fingerprint fingerprint,
+      std::chrono::milliseconds timeout,
+      std::vector<at::Tensor> keep,
+      std::function<std::vector<at::Tensor>(uint32_t, std::chrono::milliseconds)> run) {
+    return enqueue_named(std::move(fingerprint), timeout, std::move(keep),
+                         [run = std::move(run)](uint32_t tag, std::chrono::milliseconds timeout,
+                                                const std::string&) { return run(tag, timeout); });
+  }
+
+  // enqueue, for a task that also needs its Work's name.
+  std::shared_ptr<Work> enqueue_named(
+      internal::Fingerprint fingerprint,
+      std::chrono::milliseconds timeout,
+      std::vector<at::Tensor> keep,
+      std::function<std::vector<at::Tensor>(uint32_t, std::chrono::milliseconds, const std::string&)> run) {
+    std::lock_guard<std::mutex> lock(mutex_);
+    DDP_CHECK(!stop_, who(), " ", fingerprint.op, ": the process group is being destroyed");
+    fingerprint.seq = next_seq_++;
+    auto work = Work::create(c10::str(who(), " ", fingerprint.op, " #", fingerprint.seq), timeout);
+    Task task{work,  timeout, std::move(run), std::move(fingerprint),
+              internal::StreamFence::record(keep), {}, false};
+    for (const auto& t : keep) {
+      if (t.defined() && t.is_sparse()) {
+        // A sparse tensor has no storage of its own, and a sparse allreduce
+        // replaces its indices and values: the tensor itself is the unit.
+        task.storages.push_back(t.unsafeGetTensorImpl());
+        task.storages.push_back(t._indices().storage().unsafeGetStorageImpl());
+        task.storages.push_back(t._values().storage().unsafeGetStorageImpl());
+      } else if (t.defined() && t.has_storage()) {
+        task.storages.push_back(t.storage().unsafeGetStorageImpl());
+      }
+    }
+    task.exclusive = keep.empty(); // a barrier
+    work->keep_alive(std::move(keep));
+    queue_.push_back(std::move(task));
+    queue_cv_.notify_one();
+    return work;
+  }
+
+  // Queues a Gloo algorithm that reads all of `input` and writes all of
+  // `output` (allgather into one tensor, alltoall).
+  // `algorithm` is the Gloo function (its options are const in some Gloo
+  // versions and not in others).
+  template <typename GlooOptions, typename Algorithm>
+  std::shared_ptr<Work> enqueue_input_output(const char* op_name, std::chrono::milliseconds timeout,
+                                             const at::Tensor& output, const at::Tensor& input,
+                                             Algorithm algorithm) {
+    auto context = context_;
+    internal::Fingerprint fingerprint{op_name, input.scalar_type(), input.numel()};
+    return enqueue(std::move(fingerprint), timeout, {output, input},
+                   [output, input, context, algorithm](uint32_t tag, std::chrono::milliseconds timeout) {
+                     internal::HostStaging staging;
+                     auto host_input = staging.in(input);
+                     auto host_output = staging.in(output);
+                     if (input.numel() > 0) {
+                       GlooOptions o(context);
+                       internal::set_input(o, host_input);
+                       internal::set_output(o, host_output);
+                       o.setTag(tag);
+                       o.setTimeout(timeout);
+                       algorithm(o);
+                     }
+                     staging.copy_back();
+                     return std::vector<at::Tensor>{output};
+                   });
+  }
+
+  std::shared_ptr<gloo::Context> context() const {
+    return context_;
+  }
+
+  // Until the queue is empty and no task runs. Each task ends by its
+  // deadline, so this does too.
+  void wait_until_idle() {
+    std::unique_lock<std::mutex> lock(mutex_);
+    queue_cv_.wait(lock, [this] { return queue_.empty() && running_ == 0; });
+  }
+
+  // Posts a send or receive at once; see internal::PointToPointWork.
+  std::shared_ptr<Work> start_point_to_point(bool is_send, const at::Tensor& tensor, int peer,
+                                             const PointToPointOptions& options,
+                                             std::chrono::milliseconds timeout,
+                                             const std::string& who);
+
+  std::shared_ptr<Store> store() const {
+    return store_;
+  }
+
+ private:
+  void connect(const ProcessGroupGlooOptions& options) {
+    // Groups are numbered per (name, rank) in creation order, the same on
+    // every rank, so that a group created again with the same name and store
+    // does not meet the keys of its predecessor. The rank is part of the key
+    // because tests run several ranks as threads of one process.
+    static std::mutex generation_mutex;
+    static std::map<std::pair<std::string, int>, int> generations;
+    int generation;
+    {
+      std::lock_guard<std::mutex> lock(generation_mutex);
+      generation = generations[{options.group_name(), group_.rank()}]++;
+    }
+    const std::string prefix =
+        c10::str("ddp/", options.group_name(), "/", generation, "/");
+    const auto timeout = group_.timeout();
+    internal::wait_for_all_ranks(*store_, prefix, group_.rank(), group_.size(), timeout, who());
+
+    const auto choice = internal::choose_device(options.interface(), options.hostname(),
+                                                options.master_addr(), group_.size());
+    auto device = internal::make_gloo_device(choice, who());
+    auto context = std::make_shared<gloo::rendezvous::Context>(group_.rank(), group_.size());
+    context->setTimeout(timeout);
+    internal::GlooStoreAdapter adapter(store_, prefix + "gloo/", timeout);
+    try {
+      context->connectFullMesh(adapter, device);
+    } catch (const CommError&) {
+      throw;
+    } catch (const std::exception& e) {
+      throw IoError(c10::str(who(), " init_process_group: Gloo could not connect to the other ranks (bound to ",
+                             choice.interface.empty() ? choice.hostname : choice.interface,
+                             ", chosen from ", choice.reason, "): ", e.what()));
+    }
+    context_ = std::move(context);
+    // Nobody leaves rendezvous before everyone is connected: a rank that
+    // destroyed its group at once would otherwise close connections a slower
+    // peer is still setting up (PyTorch's store-based barrier does the same).
+    peer_addresses_ = internal::exchange_peer_addresses(*context_, *store_, prefix, group_.rank(),
+                                                        group_.size(), timeout);
+    fingerprints_ = std::make_unique<internal::FingerprintExchange>(store_, prefix + "fp/", group_.rank(),
+                                                                   group_.size());
+  }
+
+  // The rank whose address `what` (a Gloo error message) names, or -1. With
+  // two ranks it can only be the other one.
+  int peer_of(const std::string& what) const {
+    if (group_.size() == 2) {
+      return 1 - group_.rank();
+    }
+    // The longest match: "[10.0.0.1]:4000" is also in "[10.0.0.1]:40001".
+    int peer = -1;
+    size_t longest = 0;
+    for (const auto& [address, rank] : peer_addresses_) {
+      if (address.size() > longest && what.find(address) != std::string::npos) {
+        peer = rank;
+        longest = address.size();
+      }
+    }
+    return peer;
+  }
+
+  void run_worker() {
+    for (;;) {
+      Task task;
+      {
+        std::unique_lock<std::mutex> lock(mutex_);
+        // Tasks start in queue order, whichever worker runs them; see
+        // can_start_locked for when two run at once.
+        queue_cv_.wait(lock, [this] {
+          return (stop_ && queue_.empty()) || (!queue_.empty() && can_start_locked(queue_.front()));
+        });
+        if (queue_.empty()) {
+          return; // stop_ and nothing left to finish
+        }
+        task = std::move(queue_.front());
+        queue_.pop_front();
+        running_tasks_.push_back({task.fingerprint, std::chrono::steady_clock::now()});
+        ++running_;
+        running_exclusive_ = running_exclusive_ || task.exclusive;
+        running_storages_.insert(running_storages_.end(), task.storages.begin(), task.storages.end());
+      }
+      run_task(task);
+      {
+        std::lock_guard<std::mutex> lock(mutex_);
+        --running_;
+        running_tasks_.erase(std::find_if(running_tasks_.begin(), running_tasks_.end(), [&](const auto& r) {
+          return r.fingerprint.seq == task.fingerprint.seq;
+        }));
+        mismatches_.erase(task.fingerprint.seq);
+        if (task.exclusive) {
+          running_exclusive_ = false;
+        }
+        for (const void* storage : task.storages) {
+          running_storages_.erase(std::find(running_storages_.begin(), running_storages_.end(), storage));
+        }
+      }
+      queue_cv_.notify_all(); // the next task may wait for this one
+    }
+  }
+
+  // Note [Two Gloo tasks at once]
+  // A task starts while another runs only when neither is exclusive (a
+  // barrier, which must follow everything issued before it) and they share
+  // no tensor storage: then their order cannot be observed, and the staging
+  // copies of one CUDA task (device to host, host to device) overlap the
+  // other's network transfer, as DDP's gradient buckets need. Tags keep the
+  // two tasks' messages apart. At most kWorkerThreads run at once.
+  bool can_start_locked(const Task& next) const {
+    if (running_ == 0) {
+      return true;
+    }
+    if (running_ >= kWorkerThreads || running_exclusive_ || next.exclusive) {
+      return false;
+    }
+    for (const void* storage : next.storages) {
+      if (std::find(running_storages_.begin(), running_storages_.end(), storage) != running_storages_.end()) {
+        return false;
+      }
+    }
+    return true;
+  }
+
+  void run_task(Task& task) {
+    std::string broken_message;
+    {
+      std::lock_guard<std::mutex> lock(mutex_);
+      broken_message = broken_message_;
+    }
+    if (!broken_message.empty()) {
+      task.work->set_error(std::make_exception_ptr(CommError(c10::str(
+          task.work->name(), ": not run, because the process group failed earlier and is unusable: ",
+          broken_message, ". Destroy the group and start a new one."))));
+      return;
+    }
+    std::exception_ptr error;
+    try {
+      task.fence.wait();
+      auto outputs = task.run(internal::fingerprint_tag(task.fingerprint), task.timeout, task.work->name());
+      task.work->set_result(std::move(outputs));
+      return;
+    } catch (const gloo::IoException& e) {
+      error = convert_io_error(task, e.what());
+    } catch (const CommError& e) {
+      error = std::current_exception();
+      mark_broken(e.what());
+    } catch (const c10::Error&) {
+      error = std::current_exception(); // misuse caught late; the group stays usable
+    } catch (const std::exception& e) {
+      // gloo::EnforceNotMet among others: never let it reach std::terminate.
+      error = convert_io_error(task, e.what());
+    } catch (...) {
+      error = convert_io_error(task, "an exception of unknown type");
+    }
+    task.work->set_error(error);
+  }
+
+  // The mismatch that the monitor found for `fingerprint`'s collective, or
+  // else the one that comparing it with the store now shows (a peer that
+  // found it first has shut the connections down, which is how this task
+  // failed). Never throws.
+  std::optional<std::string> find_mismatch(const internal::Fingerprint& fingerprint) {
+    {
+      std::lock_guard<std::mutex> lock(mutex_);
+      const auto found = mismatches_.find(fingerprint.seq);
+      if (found != mismatches_.end()) {
+        return found->second;
+      }
+    }
+    if (group_.size() < 2) {
+      return std::nullopt;
+    }
+    try {
+      return fingerprints_->publish_and_compare(fingerprint);
+    } catch (const std::exception&) {
+      return std::nullopt; // the store is gone too: report the Gloo error alone
+    }
+  }
+
+  // ", ranks [2] had not reached allreduce #4" for a timeout, or "" when
+  // every rank had (as far as the store knows; see FingerprintExchange).
+  std::string missing_ranks_clause(const internal::Fingerprint& fingerprint) {
+    try {
+      const auto missing = fingerprints_->ranks_missing(fingerprint.seq);
+      if (missing.empty()) {
+        return "";
+      }
+      return c10::str("; rank(s) ", c10::ArrayRef<int>(missing), " had not reached ", fingerprint.op, " #",
+                      fingerprint.seq);
+    } catch (const std::exception&) {
+      return "";
+    }
+  }
+
+  std::exception_ptr convert_io_error(const Task& task, const std::string& what) {
+    std::exception_ptr error;
+    if (const auto mismatch = find_mismatch(task.fingerprint)) {
+      error = std::make_exception_ptr(CollectiveMismatchError(c10::str(task.work->name(), ": ", *mismatch)));
+    } else if (internal::classify_gloo_error(what) == internal::GlooFailure::kTimeout) {
+      error = std::make_exception_ptr(TimeoutError(c10::str(
+          task.work->name(), ": timed out after ", task.timeout.count(),
+          " ms waiting for a peer (a rank may be stuck, dead, or issuing collectives in a "
+          "different order)", missing_ranks_clause(task.fingerprint), ". Gloo said: ", what)));
+    } else {
+      // Gloo names the peer by its socket address.
+      const int peer = peer_of(what);
+      error = std::make_exception_ptr(RemoteError(
+          c10::str(task.work->name(), ": lost connection to ",
+                   peer >= 0 ? c10::str("rank ", peer) : std::string("a peer"),
+                   " (this is rank ", group_.rank(), "); the peer probably exited or crashed. Gloo said: ",
+                   what),
+          peer));
+    }
+    try {
+      std::rethrow_exception(error);
+    } catch (const std::exception& e) {
+      mark_broken(e.what());
+    }
+    return error;
+  }
+
+  // Note [Collective fingerprints] explains this thread. It wakes every
+  // kMonitorInterval and compares the fingerprint of every task that has run
+  // for kStallDelay or more with the other ranks'. Runs until the group stops.
+  void run_monitor() {
+    std::unique_lock<std::mutex> lock(mutex_);
+    while (!stop_) {
+      monitor_cv_.wait_for(lock, kMonitorInterval);
+      if (stop_ || group_.size() < 2) {
+        continue;
+      }
+      const auto now = std::chrono::steady_clock::now();
+      std::vector<internal::Fingerprint> stalled;
+      for (const auto& running : running_tasks_) {
+        if (now - running.start >= kStallDelay && mismatches_.count(running.fingerprint.seq) == 0) {
+          stalled.push_back(running.fingerprint);
+        }
+      }
+      lock.unlock();
+      for (const auto& fingerprint : stalled) {
+        std::optional<std::string> mismatch;
+        try {
+          mismatch = fingerprints_->publish_and_compare(fingerprint);
+        } catch (const std::exception&) {
+          // The store failed: the task ends at its own deadline instead.
+        }
+        if (mismatch) {
+          {
+            std::lock_guard<std::mutex> guard(mutex_);
+            mismatches_[fingerprint.seq] = *mismatch;
+          }
+          mark_broken(c10::str(who(), " ", fingerprint.op, " #", fingerprint.seq, ": ", *mismatch));
+          // The task waits for messages that will never come: end it now.
+          internal::shut_down_connections(peer_addresses_);
+        }
+      }
+      lock.lock();
+    }
+  }
+
+  void mark_broken(const std::string& message) {
+    std::lock_guard<std::mutex> lock(mutex_);
+    if (broken_message_.empty()) {
+      broken_message_ = message.empty() ? std::string("an earlier collective failed") : message;
+    }
+  }
+
+  ProcessGroupGloo& group_; // owns this Impl, so outlives it
+  std::shared_ptr<Store> store_;
+  std::shared_ptr<gloo::Context> context_;
+  // The address of the other end of each pair, and its rank; written by
+  // connect, read-only after.
+  std::vector<std::pair<std::string, int>> peer_addresses_;
+
+  std::mutex mutex_;
+  std::condition_variable queue_cv_;
+  std::deque<Task> queue_; // guarded by mutex_
+  uint64_t next_seq_ = 0; // guarded by mutex_
+  bool stop_ = false; // guarded by mutex_
+  // Two workers: with a single worker, a worker preempted while holding a
+  // Gloo pair's lock makes Gloo's event loop spin until the next scheduler
+  // tick (about 4 ms per small collective when ranks share cores);
+  // torch.distributed's Gloo group runs two workers by default for the same
+  // reason. They also let two independent tasks overlap; see Note [Two Gloo
+  // tasks at once].
+  static constexpr int kWorkerThreads = 2;
+  int running_ = 0; // guarded by mutex_
+  bool running_exclusive_ = false; // guarded by mutex_
+  std::vector<const void*> running_storages_; // guarded by mutex_
+  std::vector<std::thread> workers_;
+
+  // The first failure's message; empty while the group is healthy.
+  std::string broken_message_; // guarded by mutex_
+
+  // See Note [Collective fingerprints].
+  struct RunningTask {
+    internal::Fingerprint fingerprint;
+    std::chrono::steady_clock::time_point start;
+  };
+  static constexpr std::chrono::milliseconds kStallDelay{1000};
+  static constexpr std::chrono::milliseconds kMonitorInterval{250};
+  std::vector<RunningTask> running_tasks_; // guarded by mutex_
+  // The mismatch found for each running task's sequence number.
+  std::map<uint64_t, std::string> mismatches_; // guarded by mutex_
+  std::unique_ptr<internal::FingerprintExchange> fingerprints_; // set by connect
+  std::condition_variable monitor_cv_; // wakes the monitor when the group stops
+  std::thread monitor_;
+};
+
+} // namespace ddp
