@@ -3,6 +3,8 @@
 ddp_add_part(ddp_nn
   src/reducer/bucket_assignment.cpp
   src/reducer/reducer.cpp
+  src/reducer/reducer_insight.cpp
+  src/reducer/sparse_gradients.cpp
   src/reducer/static_graph.cpp
   src/nn/state_sync.cpp
   src/nn/distributed_data_parallel.cpp

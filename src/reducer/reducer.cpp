@@ -29,7 +29,9 @@
 // After the first iteration the buckets are rebuilt in the order gradients
 // actually became ready, using rank 0's order on every rank (broadcast).
 //
-// static_graph: see Note [Delayed reduction] in static_graph.cpp.
+// static_graph: see Note [Delayed reduction] in static_graph.cpp. The
+// iteration's figures (insight, bucket layout) are computed in
+// reducer_insight.cpp, sparse gradients written back in sparse_gradients.cpp.
 //
 // Note [Sparse gradients]: the weight of an Embedding or EmbeddingBag with
 // sparse(true) gets a sparse COO gradient, which no flat buffer can hold.
@@ -80,7 +82,6 @@
 #include <unordered_set>
 
 #include "internal/check.h"
-#include "internal/logging.h"
 #include "reducer/bucket_assignment.h"
 
 namespace ddp::internal {
@@ -92,19 +93,6 @@ double ms_between(Clock::time_point from, Clock::time_point to) {
   return std::chrono::duration<double, std::milli>(to - from).count();
 }
 
-// The gradient of a rank that has none for a sparse variable: no entries,
-// sparse in the first dimension and dense in the others, like an
-// Embedding's, so that every rank's matches (Note [Sparse gradients]).
-at::Tensor empty_sparse_gradient(const at::Tensor& param) {
-  std::vector<int64_t> value_sizes{0};
-  for (int64_t d = 1; d < param.dim(); ++d) {
-    value_sizes.push_back(param.size(d));
-  }
-  const auto options = param.options().requires_grad(false);
-  return at::sparse_coo_tensor(at::empty({1, 0}, options.dtype(at::kLong)),
-                               at::empty(value_sizes, options), param.sizes(),
-                               options.layout(at::kSparse));
-}
 } // namespace
 
 Reducer::Reducer(std::vector<at::Tensor> parameters, std::vector<std::string> names,
@@ -681,34 +669,7 @@ void Reducer::finalize_backward_locked() {
   }
   know_usage(); // no buckets: the usage map is still reduced
 
-  // Insight.
-  IterationInsight insight;
-  insight.iteration = iteration_ + 1;
-  insight.forward_ms = insight_.forward_ms;
-  insight.backward_compute_ms = last_gradient_ms_;
-  insight.comm_wait_ms = comm_wait_ms;
-  double overlapped = 0;
-  for (size_t b = 0; b < buckets_.size(); ++b) {
-    const Bucket& bucket = buckets_[b];
-    BucketInsight info;
-    info.index = b;
-    info.parameter_names = *bucket.parameter_names;
-    info.dtype = c10::toString(parameters_[bucket.variable_indices.front()].scalar_type());
-    info.bytes = bucket_bytes(bucket);
-    info.sparse = bucket.sparse;
-    info.launch_ms = bucket.launch_ms;
-    info.done_ms = ms_between(first_gradient_time_, bucket.work->completion_time());
-    insight.comm_ms += info.done_ms - info.launch_ms;
-    overlapped += std::max(0.0, std::min(info.done_ms, last_gradient_ms_) - info.launch_ms);
-    insight.buckets.push_back(std::move(info));
-  }
-  insight.overlap_fraction = insight.comm_ms > 0 ? overlapped / insight.comm_ms : 0;
-  insight.first_bucket_started_before_backward_end =
-      !buckets_.empty() && buckets_[0].launch_ms < last_gradient_ms_;
-  insight_ = std::move(insight);
-  if (config_.print_insight && group_->rank() == 0) {
-    log_info(insight_.to_string());
-  }
+  record_insight(comm_wait_ms);
 
   ++iteration_;
   std::fill(used_since_sync_.begin(), used_since_sync_.end(), false);
@@ -760,50 +721,6 @@ void Reducer::shadow_backward() {
   if (error) {
     std::rethrow_exception(error);
   }
-}
-
-void Reducer::write_sparse_gradient(size_t index, const at::Tensor& reduced) {
-  auto& param = const_cast<at::Tensor&>(parameters_[index]);
-  at::Tensor& grad = param.mutable_grad();
-  // A communication hook may return the sum dense.
-  const at::Tensor result = reduced.is_sparse() ? reduced : reduced.reshape(param.sizes());
-  if (grad.defined() && grad.is_same(result)) {
-    return; // reduced in place
-  }
-  if (!grad.defined()) {
-    grad = result;
-  } else if (!grad.is_sparse()) {
-    grad.copy_(result.is_sparse() ? result.to_dense() : result);
-  } else if (result.is_sparse()) {
-    grad.copy_(result);
-  } else {
-    grad = result;
-  }
-}
-
-void Reducer::record_forward_ms(double ms) {
-  std::lock_guard<std::mutex> lock(mutex_);
-  insight_.forward_ms = ms;
-}
-
-IterationInsight Reducer::last_insight() const {
-  std::lock_guard<std::mutex> lock(mutex_);
-  return insight_;
-}
-
-std::vector<BucketInsight> Reducer::layout() const {
-  std::lock_guard<std::mutex> lock(mutex_);
-  std::vector<BucketInsight> layout;
-  for (size_t b = 0; b < buckets_.size(); ++b) {
-    BucketInsight info;
-    info.index = b;
-    info.parameter_names = *buckets_[b].parameter_names;
-    info.dtype = c10::toString(parameters_[buckets_[b].variable_indices.front()].scalar_type());
-    info.bytes = bucket_bytes(buckets_[b]);
-    info.sparse = buckets_[b].sparse;
-    layout.push_back(std::move(info));
-  }
-  return layout;
 }
 
 } // namespace ddp::internal

@@ -119,7 +119,8 @@ class Reducer {
   void launch_ready_buckets();
   void launch_bucket(size_t bucket_index, const at::Tensor& buffer);
   std::vector<GradientSpec> gradient_specs() const;
-  void write_sparse_gradient(size_t index, const at::Tensor& reduced);
+  void write_sparse_gradient(size_t index, const at::Tensor& reduced); // sparse_gradients.cpp
+  void record_insight(double comm_wait_ms);                            // reducer_insight.cpp
   static size_t bucket_bytes(const Bucket& bucket);
   void finalize_backward();
   void finalize_backward_guarded(); // mutex_ held
@@ -189,5 +190,9 @@ class Reducer {
   double last_gradient_ms_ = 0;
   IterationInsight insight_;
 };
+
+// The gradient of a rank that has none for a sparse variable `param`
+// (sparse_gradients.cpp).
+at::Tensor empty_sparse_gradient(const at::Tensor& param);
 
 } // namespace ddp::internal

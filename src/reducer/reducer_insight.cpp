@@ -1,0 +1,81 @@
+// The Reducer's insight: what an iteration's timing looked like (forward,
+// backward, each bucket's launch and completion, the overlap) and the
+// bucket layout, for DistributedDataParallel::last_iteration_insight(),
+// bucket_layout() and DDP_DEBUG=1. Apart from the reduction itself, which
+// only records the times these figures are computed from.
+
+#include "reducer/reducer.h"
+
+#include <ATen/ATen.h>
+
+#include <algorithm>
+
+#include "internal/logging.h"
+
+namespace ddp::internal {
+
+namespace {
+double ms_between(std::chrono::steady_clock::time_point from,
+                  std::chrono::steady_clock::time_point to) {
+  return std::chrono::duration<double, std::milli>(to - from).count();
+}
+} // namespace
+
+// Called by finalize_backward_locked with mutex_ held, once every bucket is
+// reduced; `comm_wait_ms` is how long it waited for them.
+void Reducer::record_insight(double comm_wait_ms) {
+  IterationInsight insight;
+  insight.iteration = iteration_ + 1;
+  insight.forward_ms = insight_.forward_ms;
+  insight.backward_compute_ms = last_gradient_ms_;
+  insight.comm_wait_ms = comm_wait_ms;
+  double overlapped = 0;
+  for (size_t b = 0; b < buckets_.size(); ++b) {
+    const Bucket& bucket = buckets_[b];
+    BucketInsight info;
+    info.index = b;
+    info.parameter_names = *bucket.parameter_names;
+    info.dtype = c10::toString(parameters_[bucket.variable_indices.front()].scalar_type());
+    info.bytes = bucket_bytes(bucket);
+    info.sparse = bucket.sparse;
+    info.launch_ms = bucket.launch_ms;
+    info.done_ms = ms_between(first_gradient_time_, bucket.work->completion_time());
+    insight.comm_ms += info.done_ms - info.launch_ms;
+    overlapped += std::max(0.0, std::min(info.done_ms, last_gradient_ms_) - info.launch_ms);
+    insight.buckets.push_back(std::move(info));
+  }
+  insight.overlap_fraction = insight.comm_ms > 0 ? overlapped / insight.comm_ms : 0;
+  insight.first_bucket_started_before_backward_end =
+      !buckets_.empty() && buckets_[0].launch_ms < last_gradient_ms_;
+  insight_ = std::move(insight);
+  if (config_.print_insight && group_->rank() == 0) {
+    log_info(insight_.to_string());
+  }
+}
+
+void Reducer::record_forward_ms(double ms) {
+  std::lock_guard<std::mutex> lock(mutex_);
+  insight_.forward_ms = ms;
+}
+
+IterationInsight Reducer::last_insight() const {
+  std::lock_guard<std::mutex> lock(mutex_);
+  return insight_;
+}
+
+std::vector<BucketInsight> Reducer::layout() const {
+  std::lock_guard<std::mutex> lock(mutex_);
+  std::vector<BucketInsight> layout;
+  for (size_t b = 0; b < buckets_.size(); ++b) {
+    BucketInsight info;
+    info.index = b;
+    info.parameter_names = *buckets_[b].parameter_names;
+    info.dtype = c10::toString(parameters_[buckets_[b].variable_indices.front()].scalar_type());
+    info.bytes = bucket_bytes(buckets_[b]);
+    info.sparse = buckets_[b].sparse;
+    layout.push_back(std::move(info));
+  }
+  return layout;
+}
+
+} // namespace ddp::internal
