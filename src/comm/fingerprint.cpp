@@ -35,7 +35,7 @@
 // MPI has no tags on collectives: see Note [MPI fingerprint check] in
 // comm/mpi/mpi_engine.h, which checks a 63-bit hash before every collective.
 // NCCL has none either: see Note [NCCL fingerprint check] in
-// comm/nccl/nccl_engine.h, which checks the same hash on the GPU, in the
+// comm/nccl/nccl_watchdog.cpp, which checks the same hash on the GPU, in the
 // collective's own launch, and compares stalled collectives as Gloo does.
 
 #include "comm/fingerprint.h"

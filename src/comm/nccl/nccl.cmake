@@ -12,6 +12,8 @@
 set(DDP_NCCL_SOURCES
   src/comm/nccl/nccl_support.cpp
   src/comm/nccl/nccl_engine.cpp
+  src/comm/nccl/nccl_work.cpp
+  src/comm/nccl/nccl_watchdog.cpp
   src/comm/nccl/process_group_nccl.cpp)
 
 if(DDP_HAVE_NCCL)

@@ -60,7 +60,7 @@ class CudaEvent {
 };
 
 // The memory of one engine's fingerprint checks (Note [NCCL fingerprint
-// check] in nccl_engine.h): for each operation in flight, a slot of two
+// check] in nccl_watchdog.cpp): for each operation in flight, a slot of two
 // int64 in pinned host memory, which the launch writes (h, -h) into and the
 // result is copied back to, and two on the device, which NCCL reduces in
 // place. Slots come in chunks of kSlotsPerChunk, allocated when none is
