@@ -15,7 +15,7 @@
 
 #include <ddp/comm/process_group.h>
 #include <ddp/nn/comm_hooks.h>
-#include <ddp/nn/distributed_data_parallel.h>
+#include <ddp/nn/insight.h>
 
 #include "internal/torch_compat.h"
 #include "reducer/bucket_assignment.h"

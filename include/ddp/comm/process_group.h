@@ -24,10 +24,12 @@ namespace ddp {
 /// the same root). Each collective gets the next number of a per-group
 /// sequence counter that only goes up; that number tags its messages and
 /// names it in errors ("[rank 1/4] allreduce #12 timed out after 30000 ms").
-/// Gloo and MPI check the contract on every call: ranks whose calls differ
-/// (op, dtype, element count, reduce op, root) all get a
-/// `CollectiveMismatchError` naming both calls, and no data moves between
-/// them (docs/design.md, "Collective fingerprints").
+/// Every backend checks the contract: ranks whose calls differ (op, dtype,
+/// element count, reduce op, root) all get a `CollectiveMismatchError`
+/// naming both calls. Gloo and MPI check before any data moves, so the group
+/// stays usable; NCCL checks inside the collective's own launch and, since
+/// the mismatched calls may have moved data, aborts the group
+/// (docs/design.md, "Collective fingerprints").
 /// Point-to-point `send`/`recv` are outside that order: they are matched by
 /// (peer, tag).
 ///
@@ -66,7 +68,10 @@ class ProcessGroup {
   std::chrono::milliseconds timeout() const {
     return timeout_;
   }
-  /// "gloo" or "nccl".
+  /// The backend: "gloo", "mpi" or "nccl"; for a `CompositeProcessGroup`
+  /// (Backend::kAuto with a GPU), PyTorch's form "cpu:gloo,cuda:nccl"; for
+  /// the handle that `ddp::new_group` gives a process outside the group,
+  /// "non-member".
   virtual std::string backend_name() const = 0;
 
   /// Reduces `tensor` across ranks in place; every rank gets the result.
