@@ -12,7 +12,7 @@ if(DDP_GLOO_KIND STREQUAL "PRIVATE")
   target_compile_definitions(gloo_origin_test PRIVATE DDP_PRIVATE_GLOO=1)
   # And none of its symbols leaves libddp.so, defined or undefined.
   add_test(NAME gloo_symbols_hidden
-    COMMAND sh ${CMAKE_CURRENT_LIST_DIR}/comm/gloo/check_gloo_symbols_hidden.sh
+    COMMAND sh ${CMAKE_CURRENT_LIST_DIR}/check_gloo_symbols_hidden.sh
             ${CMAKE_NM} $<TARGET_FILE:ddp>)
   set_tests_properties(gloo_symbols_hidden PROPERTIES TIMEOUT 30 LABELS unit)
 endif()
