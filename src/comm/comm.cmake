@@ -1,5 +1,5 @@
 # The process-group core: Work, ProcessGroup, the composite group, the
-# argument checks and reduce kernels the backends share, and
+# argument checks, reduce kernels and send/recv Work the backends share, and
 # init_process_group. Each backend is a part of its own in its folder.
 ddp_add_part(ddp_comm
   src/comm/types.cpp
@@ -9,6 +9,7 @@ ddp_add_part(ddp_comm
   src/comm/monitored_barrier.cpp
   src/comm/fingerprint.cpp
   src/comm/collective_checks.cpp
+  src/comm/point_to_point_work.cpp
   src/comm/reduce_kernels.cpp
   src/comm/init.cpp
   src/comm/subgroups.cpp)

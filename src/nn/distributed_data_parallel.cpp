@@ -34,14 +34,13 @@
 #include "internal/check.h"
 #include "internal/env.h"
 #include "internal/logging.h"
+#include "nn/ddp_state.h"
 #include "nn/state_sync.h"
 #include "reducer/reducer.h"
 
 namespace ddp {
 
 namespace {
-
-using Clock = std::chrono::steady_clock;
 
 std::string who(const ProcessGroup& group) {
   return c10::str("[rank ", group.rank(), "/", group.size(), "] DistributedDataParallel");
@@ -248,31 +247,31 @@ DistributedDataParallelImpl::DistributedDataParallelImpl(detail::Forwarder forwa
                                                          DistributedDataParallelOptions options)
     : forwarder_(std::move(forwarder)),
       module_(std::move(module)),
-      options_(std::move(options)) {
+      state_(std::make_unique<State>(std::move(options))) {
   DDP_CHECK(module_ != nullptr,
             "DistributedDataParallel: the module is empty (a default-constructed or moved-from "
             "module holder?)");
-  group_ = options_.process_group();
-  if (group_ == nullptr) {
+  state_->group = state_->options.process_group();
+  if (state_->group == nullptr) {
     DDP_CHECK(is_initialized(),
               "DistributedDataParallel: there is no process group to reduce over. Call "
               "ddp::init_process_group() before constructing DistributedDataParallel, or pass a "
               "group with DistributedDataParallelOptions().process_group(group).");
-    group_ = default_process_group();
+    state_->group = default_process_group();
   }
-  DDP_CHECK(group_->rank() >= 0,
+  DDP_CHECK(state_->group->rank() >= 0,
             "DistributedDataParallel: this process is not a member of the process group passed "
             "in process_group() (a handle that ddp::new_group gives the ranks outside the group, "
-            "of size ", group_->size(), "); construct DistributedDataParallel only on the "
+            "of size ", state_->group->size(), "); construct DistributedDataParallel only on the "
             "group's members (ddp::is_member(group))");
-  const std::string prefix = who(*group_);
-  DDP_CHECK(options_.bucket_cap_mb() > 0, prefix, ": bucket_cap_mb must be positive (got ",
-            options_.bucket_cap_mb(), ")");
-  DDP_CHECK(options_.first_bucket_cap_mb() > 0, prefix,
-            ": first_bucket_cap_mb must be positive (got ", options_.first_bucket_cap_mb(), ")");
-  DDP_CHECK(options_.device_ids().size() <= 1, prefix,
+  const std::string prefix = who(*state_->group);
+  DDP_CHECK(state_->options.bucket_cap_mb() > 0, prefix, ": bucket_cap_mb must be positive (got ",
+            state_->options.bucket_cap_mb(), ")");
+  DDP_CHECK(state_->options.first_bucket_cap_mb() > 0, prefix,
+            ": first_bucket_cap_mb must be positive (got ", state_->options.first_bucket_cap_mb(), ")");
+  DDP_CHECK(state_->options.device_ids().size() <= 1, prefix,
             ": device_ids must hold at most one device, this process's (got ",
-            options_.device_ids().size(), "); use one process per GPU");
+            state_->options.device_ids().size(), "); use one process per GPU");
   register_module("module", module_);
 
   // Parameters, each once even if shared between submodules.
@@ -302,27 +301,27 @@ DistributedDataParallelImpl::DistributedDataParallelImpl(detail::Forwarder forwa
       sparse_gradients.push_back(sparse_weights.count(p.unsafeGetTensorImpl()) > 0);
     }
   }
-  if (!options_.device_ids().empty() && !all_parameters.empty()) {
-    DDP_CHECK(all_parameters.front().device() == options_.device_ids().front(), prefix,
-              ": device_ids is {", options_.device_ids().front(), "} but the parameters are on ",
+  if (!state_->options.device_ids().empty() && !all_parameters.empty()) {
+    DDP_CHECK(all_parameters.front().device() == state_->options.device_ids().front(), prefix,
+              ": device_ids is {", state_->options.device_ids().front(), "} but the parameters are on ",
               all_parameters.front().device(), "; move the module there before wrapping it");
   }
   for (const auto& item : module_->named_buffers(/*recurse=*/true)) {
     if (seen.insert(item.value().unsafeGetTensorImpl()).second) {
-      buffers_.push_back(item.value());
+      state_->buffers.push_back(item.value());
     }
   }
 
-  if (group_->rank() == 0 && (all_parameters.empty() || all_parameters.front().is_cpu())) {
+  if (state_->group->rank() == 0 && (all_parameters.empty() || all_parameters.front().is_cpu())) {
     warn_if_reference_blas(prefix);
   }
 
   // Construction is a synchronisation point: agree on the model, then take
   // rank 0's values.
   if (!all_parameters.empty()) {
-    device_ = all_parameters.front().device();
+    state_->device = all_parameters.front().device();
   }
-  verify_same_parameters(*group_, names, parameters, sparse_gradients, device_);
+  verify_same_parameters(*state_->group, names, parameters, sparse_gradients, state_->device);
   // After the check, so that every rank (holding the same model) raises.
   DDP_CHECK(!parameters.empty(), prefix,
             ": the module has no parameter that requires a gradient (",
@@ -335,25 +334,25 @@ DistributedDataParallelImpl::DistributedDataParallelImpl(detail::Forwarder forwa
   // Here rather than in backward, and after the check above, so that every
   // rank (holding the same model and group) raises the same error.
   for (size_t i = 0; i < parameters.size(); ++i) {
-    DDP_CHECK(!sparse_gradients[i] || group_->supports_sparse_allreduce(device_.type()), prefix,
+    DDP_CHECK(!sparse_gradients[i] || state_->group->supports_sparse_allreduce(state_->device.type()), prefix,
               ": parameter '", names[i],
               "' gets sparse gradients (the weight of an Embedding or EmbeddingBag with "
-              "sparse(true)), but this process group (backend ", group_->backend_name(),
-              ") cannot allreduce sparse tensors on ", device_,
+              "sparse(true)), but this process group (backend ", state_->group->backend_name(),
+              ") cannot allreduce sparse tensors on ", state_->device,
               ". Only the Gloo backend reduces sparse gradients: create the group with "
               "Backend::kGloo, or construct the module with sparse(false)");
   }
   std::vector<at::Tensor> state = all_parameters;
-  state.insert(state.end(), buffers_.begin(), buffers_.end());
-  internal::broadcast_coalesced(*group_, state, 0);
+  state.insert(state.end(), state_->buffers.begin(), state_->buffers.end());
+  internal::broadcast_coalesced(*state_->group, state, 0);
 
   internal::ReducerConfig config;
-  config.first_bucket_bytes = mebibytes_to_bytes(options_.first_bucket_cap_mb());
-  config.bucket_bytes = mebibytes_to_bytes(options_.bucket_cap_mb());
-  config.find_unused_parameters = options_.find_unused_parameters();
-  config.gradient_as_bucket_view = options_.gradient_as_bucket_view();
-  config.static_graph = options_.static_graph();
-  if (options_.static_graph() && options_.find_unused_parameters()) {
+  config.first_bucket_bytes = mebibytes_to_bytes(state_->options.first_bucket_cap_mb());
+  config.bucket_bytes = mebibytes_to_bytes(state_->options.bucket_cap_mb());
+  config.find_unused_parameters = state_->options.find_unused_parameters();
+  config.gradient_as_bucket_view = state_->options.gradient_as_bucket_view();
+  config.static_graph = state_->options.static_graph();
+  if (state_->options.static_graph() && state_->options.find_unused_parameters()) {
     // As PyTorch, which warns too.
     internal::log_warning(c10::str(
         prefix, ": find_unused_parameters(true) has no effect with static_graph(true): the first "
@@ -362,30 +361,38 @@ DistributedDataParallelImpl::DistributedDataParallelImpl(detail::Forwarder forwa
   }
   config.print_insight = internal::env_get(internal::kEnvDebug).value_or("0") == "1";
   config.sparse_gradients = std::move(sparse_gradients);
-  reducer_ = std::make_shared<internal::Reducer>(std::move(parameters), std::move(names), group_,
+  state_->reducer = std::make_shared<internal::Reducer>(std::move(parameters), std::move(names), state_->group,
                                                  config);
 }
 
 DistributedDataParallelImpl::~DistributedDataParallelImpl() = default;
 
+c10::Device DistributedDataParallelImpl::device() const {
+  return state_->device;
+}
+
+const std::shared_ptr<ProcessGroup>& DistributedDataParallelImpl::process_group() const {
+  return state_->group;
+}
+
 // ---- Forward -----------------------------------------------------------------------------
 
 void DistributedDataParallelImpl::pre_forward() {
-  forward_start_ = Clock::now();
-  const bool will_sync_gradients = at::GradMode::is_enabled() && reducer_->require_sync();
+  state_->reducer->record_forward_event(internal::IterationTimer::Event::kForwardStart);
+  const bool will_sync_gradients = at::GradMode::is_enabled() && state_->reducer->require_sync();
   // As PyTorch: after a forward under no_sync() or without gradients, the
   // buffers are not broadcast (each rank keeps its own statistics until the
   // next synchronised step).
   const bool will_sync_buffers =
-      options_.broadcast_buffers() && !buffers_.empty() && last_forward_synchronised_;
+      state_->options.broadcast_buffers() && !state_->buffers.empty() && state_->last_forward_synchronised;
   int buffer_root = 0;
-  if (join_ != nullptr) {
-    buffer_root = join_->on_forward(will_sync_gradients, will_sync_buffers);
+  if (state_->join != nullptr) {
+    buffer_root = state_->join->on_forward(will_sync_gradients, will_sync_buffers);
   }
-  reducer_->prepare_for_forward();
+  state_->reducer->prepare_for_forward();
   if (will_sync_buffers) {
     // See Note [Buffers of a live graph] in state_sync.cpp.
-    internal::broadcast_coalesced(*group_, buffers_, buffer_root,
+    internal::broadcast_coalesced(*state_->group, state_->buffers, buffer_root,
                                   internal::VersionCounters::kPreserve);
   }
 }
@@ -396,13 +403,13 @@ void DistributedDataParallelImpl::post_forward(const std::vector<at::Tensor*>& o
   for (const at::Tensor* output : outputs) {
     tensors.push_back(*output);
   }
-  last_forward_synchronised_ = at::GradMode::is_enabled() && reducer_->require_sync();
+  state_->last_forward_synchronised = at::GradMode::is_enabled() && state_->reducer->require_sync();
   // Before prepare_for_backward, which does not change it.
-  const bool first_static_iteration = reducer_->static_graph_first_iteration();
+  const bool first_static_iteration = state_->reducer->static_graph_first_iteration();
   if (at::GradMode::is_enabled()) {
-    reducer_->prepare_for_backward(tensors);
+    state_->reducer->prepare_for_backward(tensors);
   }
-  const bool walks_graph = options_.find_unused_parameters() && !options_.static_graph();
+  const bool walks_graph = state_->options.find_unused_parameters() && !state_->options.static_graph();
   if ((walks_graph || first_static_iteration) && at::GradMode::is_enabled()) {
     // See Note [Outputs through one node]. Tensors outside any graph (no
     // grad_fn) are left alone, as PyTorch does.
@@ -417,7 +424,7 @@ void DistributedDataParallelImpl::post_forward(const std::vector<at::Tensor*>& o
     if (!inputs.empty()) {
       std::weak_ptr<internal::Reducer> delayed;
       if (first_static_iteration) {
-        delayed = reducer_;
+        delayed = state_->reducer;
       }
       auto copies = OutputSink::apply(at::TensorList(inputs), delayed);
       for (size_t j = 0; j < routed.size(); ++j) {
@@ -425,24 +432,23 @@ void DistributedDataParallelImpl::post_forward(const std::vector<at::Tensor*>& o
       }
     }
   }
-  reducer_->record_forward_ms(
-      std::chrono::duration<double, std::milli>(Clock::now() - forward_start_).count());
+  state_->reducer->record_forward_event(internal::IterationTimer::Event::kForwardEnd);
 }
 
 NoSyncGuard DistributedDataParallelImpl::no_sync() {
-  return NoSyncGuard(reducer_.get());
+  return NoSyncGuard(state_->reducer.get());
 }
 
 void DistributedDataParallelImpl::register_comm_hook(CommHook hook) {
-  reducer_->set_comm_hook(std::move(hook));
+  state_->reducer->set_comm_hook(std::move(hook));
 }
 
 IterationInsight DistributedDataParallelImpl::last_iteration_insight() const {
-  return reducer_->last_insight();
+  return state_->reducer->last_insight();
 }
 
 std::vector<BucketInsight> DistributedDataParallelImpl::bucket_layout() const {
-  return reducer_->layout();
+  return state_->reducer->layout();
 }
 
 double DistributedDataParallelImpl::max_parameter_difference_across_ranks() {
@@ -451,14 +457,14 @@ double DistributedDataParallelImpl::max_parameter_difference_across_ranks() {
   for (const auto& p : module_->parameters()) {
     flat.push_back(p.detach().reshape({-1}).to(at::kDouble));
   }
-  if (flat.empty() || group_->size() == 1) {
+  if (flat.empty() || state_->group->size() == 1) {
     return 0.0;
   }
   auto mine = at::cat(flat);
   auto reference = mine.clone();
-  group_->broadcast(reference, {0})->wait();
+  state_->group->broadcast(reference, {0})->wait();
   auto difference = (mine - reference).abs().max().reshape({1});
-  group_->allreduce(difference, {ReduceOp::kMax})->wait();
+  state_->group->allreduce(difference, {ReduceOp::kMax})->wait();
   return difference.item<double>();
 }
 

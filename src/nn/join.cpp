@@ -22,6 +22,7 @@
 
 #include "internal/check.h"
 #include "internal/logging.h"
+#include "nn/ddp_state.h"
 #include "nn/state_sync.h"
 #include "reducer/reducer.h"
 
@@ -77,16 +78,16 @@ JoinStep agree_on_step(ProcessGroup& group, c10::Device device, bool training,
 
 Join::Join(DistributedDataParallel& model)
     : model_(model), uncaught_at_start_(std::uncaught_exceptions()) {
-  DDP_CHECK(model_->join_ == nullptr,
+  DDP_CHECK(model_->state_->join == nullptr,
             "ddp::Join: this DistributedDataParallel already has a live Join");
-  model_->join_ = this;
+  model_->state_->join = this;
 }
 
 Join::~Join() noexcept {
   if (finished_) {
     return;
   }
-  model_->join_ = nullptr;
+  model_->state_->join = nullptr;
   if (std::uncaught_exceptions() > uncaught_at_start_) {
     return; // unwinding from an error: taking part now could only deadlock
   }
@@ -98,7 +99,7 @@ Join::~Join() noexcept {
 }
 
 int Join::on_forward(bool will_sync_gradients, bool will_sync_buffers) {
-  const JoinStep step = agree_on_step(*model_->group_, model_->device(), /*training=*/true,
+  const JoinStep step = agree_on_step(*model_->state_->group, model_->device(), /*training=*/true,
                                       will_sync_gradients, will_sync_buffers);
   ++steps_trained_;
   return step.authoritative_rank;
@@ -107,9 +108,9 @@ int Join::on_forward(bool will_sync_gradients, bool will_sync_buffers) {
 int64_t Join::finish() {
   DDP_CHECK(!finished_, "ddp::Join: finish() was already called");
   finished_ = true;
-  model_->join_ = nullptr;
+  model_->state_->join = nullptr;
   auto& impl = *model_;
-  ProcessGroup& group = *impl.group_;
+  ProcessGroup& group = *impl.state_->group;
   int64_t shadowed = 0;
   for (;;) {
     const JoinStep step = agree_on_step(group, impl.device(), /*training=*/false, false, false);
@@ -117,17 +118,17 @@ int64_t Join::finish() {
       break;
     }
     // The same collectives as a training rank's forward and backward.
-    impl.reducer_->prepare_for_forward();
+    impl.state_->reducer->prepare_for_forward();
     if (step.sync_buffers) {
-      internal::broadcast_coalesced(group, impl.buffers_, step.authoritative_rank,
+      internal::broadcast_coalesced(group, impl.state_->buffers, step.authoritative_rank,
                                     internal::VersionCounters::kPreserve);
     }
     if (step.sync_gradients) {
-      impl.reducer_->shadow_backward();
+      impl.state_->reducer->shadow_backward();
     }
     // As the ranks still training: their next forward broadcasts buffers
     // only if this one synchronised.
-    impl.last_forward_synchronised_ = step.sync_gradients;
+    impl.state_->last_forward_synchronised = step.sync_gradients;
     ++shadowed;
   }
   // Everyone takes the parameters of the rank that trained longest (the
@@ -140,7 +141,7 @@ int64_t Join::finish() {
   for (const auto& p : impl.module_->parameters()) {
     state.push_back(p);
   }
-  state.insert(state.end(), impl.buffers_.begin(), impl.buffers_.end());
+  state.insert(state.end(), impl.state_->buffers.begin(), impl.state_->buffers.end());
   internal::broadcast_coalesced(group, state, source);
   return shadowed;
 }

@@ -169,10 +169,6 @@ std::string Reducer::names_of(const std::vector<size_t>& indices) const {
   return text;
 }
 
-double Reducer::ms_since_first_gradient() const {
-  return ms_between(first_gradient_time_, Clock::now());
-}
-
 std::vector<GradientSpec> Reducer::gradient_specs() const {
   std::vector<GradientSpec> specs;
   for (size_t i = 0; i < parameters_.size(); ++i) {
@@ -451,7 +447,7 @@ void Reducer::autograd_hook(size_t index) {
   }
   if (state_ == State::kArmed) {
     state_ = State::kReducing;
-    first_gradient_time_ = Clock::now();
+    timer_.record(IterationTimer::Event::kBackwardStart);
     for (size_t unused : unused_) {
       mark_variable_ready(unused);
     }
@@ -514,7 +510,7 @@ void Reducer::mark_variable_ready(size_t index) {
       }
     }
   }
-  last_gradient_ms_ = ms_since_first_gradient();
+  timer_.record(IterationTimer::Event::kBackwardEnd);
   if (--bucket.pending == 0) {
     launch_ready_buckets();
   }
@@ -573,7 +569,7 @@ void Reducer::launch_bucket(size_t bucket_index, const at::Tensor& buffer) {
   GradBucket grad_bucket(bucket_index, buckets_.size(), buffer,
                          bucket.sparse ? std::vector<at::Tensor>{buffer} : bucket.views,
                          bucket.parameter_names);
-  bucket.launch_ms = ms_since_first_gradient();
+  bucket.launch_ms = timer_.ms_since(IterationTimer::Event::kBackwardStart);
   // Note [Built-in allreduce]: a dense bucket was divided on its way in.
   auto work = builtin_hook_ && !bucket.sparse
       ? (group_->size() > 1 ? group_->allreduce(buffer) : Work::completed({buffer}))
@@ -681,7 +677,7 @@ void Reducer::shadow_backward() {
   reset_iteration();
   shadowing_ = true;
   state_ = State::kReducing;
-  first_gradient_time_ = Clock::now();
+  timer_.record(IterationTimer::Event::kBackwardStart);
   // Zero buffers in place of the real ones: this rank's gradients stay as
   // they are, and the reduced values are discarded.
   for (size_t b = 0; b < buckets_.size(); ++b) {

@@ -19,6 +19,7 @@
 
 #include "internal/torch_compat.h"
 #include "reducer/bucket_assignment.h"
+#include "reducer/reducer_timer.h"
 
 namespace ddp::internal {
 
@@ -80,8 +81,9 @@ class Reducer {
 
   void set_comm_hook(CommHook hook);
 
-  // Time the last forward took, for the insight figures.
-  void record_forward_ms(double ms);
+  // DDP's forward entered (kForwardStart) or returned (kForwardEnd), for
+  // the insight figures.
+  void record_forward_event(IterationTimer::Event event);
 
   IterationInsight last_insight() const;
   std::vector<BucketInsight> layout() const;
@@ -144,7 +146,6 @@ class Reducer {
   void reset_iteration();
   std::string who() const;
   std::string names_of(const std::vector<size_t>& indices) const;
-  double ms_since_first_gradient() const;
 
   const std::vector<at::Tensor> parameters_;
   const std::vector<std::string> names_;
@@ -185,9 +186,8 @@ class Reducer {
   std::vector<size_t> static_unused_;    // hook count 0 on this rank
   at::Tensor static_usage_;              // the first iteration's usage sums over ranks (CPU)
 
-  // Insight.
-  std::chrono::steady_clock::time_point first_gradient_time_;
-  double last_gradient_ms_ = 0;
+  // Insight (reducer_insight.cpp); guarded by mutex_.
+  IterationTimer timer_;
   IterationInsight insight_;
 };
 

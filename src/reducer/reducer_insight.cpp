@@ -2,7 +2,7 @@
 // backward, each bucket's launch and completion, the overlap) and the
 // bucket layout, for DistributedDataParallel::last_iteration_insight(),
 // bucket_layout() and DDP_DEBUG=1. Apart from the reduction itself, which
-// only records the times these figures are computed from.
+// only records the events these figures are computed from (reducer_timer.h).
 
 #include "reducer/reducer.h"
 
@@ -14,20 +14,15 @@
 
 namespace ddp::internal {
 
-namespace {
-double ms_between(std::chrono::steady_clock::time_point from,
-                  std::chrono::steady_clock::time_point to) {
-  return std::chrono::duration<double, std::milli>(to - from).count();
-}
-} // namespace
+using Event = IterationTimer::Event;
 
 // Called by finalize_backward_locked with mutex_ held, once every bucket is
 // reduced; `comm_wait_ms` is how long it waited for them.
 void Reducer::record_insight(double comm_wait_ms) {
   IterationInsight insight;
   insight.iteration = iteration_ + 1;
-  insight.forward_ms = insight_.forward_ms;
-  insight.backward_compute_ms = last_gradient_ms_;
+  insight.forward_ms = timer_.ms_between(Event::kForwardStart, Event::kForwardEnd);
+  insight.backward_compute_ms = timer_.ms_between(Event::kBackwardStart, Event::kBackwardEnd);
   insight.comm_wait_ms = comm_wait_ms;
   double overlapped = 0;
   for (size_t b = 0; b < buckets_.size(); ++b) {
@@ -39,23 +34,23 @@ void Reducer::record_insight(double comm_wait_ms) {
     info.bytes = bucket_bytes(bucket);
     info.sparse = bucket.sparse;
     info.launch_ms = bucket.launch_ms;
-    info.done_ms = ms_between(first_gradient_time_, bucket.work->completion_time());
+    info.done_ms = timer_.ms_since(Event::kBackwardStart, bucket.work->completion_time());
     insight.comm_ms += info.done_ms - info.launch_ms;
-    overlapped += std::max(0.0, std::min(info.done_ms, last_gradient_ms_) - info.launch_ms);
+    overlapped += std::max(0.0, std::min(info.done_ms, insight.backward_compute_ms) - info.launch_ms);
     insight.buckets.push_back(std::move(info));
   }
   insight.overlap_fraction = insight.comm_ms > 0 ? overlapped / insight.comm_ms : 0;
   insight.first_bucket_started_before_backward_end =
-      !buckets_.empty() && buckets_[0].launch_ms < last_gradient_ms_;
+      !buckets_.empty() && buckets_[0].launch_ms < insight.backward_compute_ms;
   insight_ = std::move(insight);
   if (config_.print_insight && group_->rank() == 0) {
     log_info(insight_.to_string());
   }
 }
 
-void Reducer::record_forward_ms(double ms) {
+void Reducer::record_forward_event(Event event) {
   std::lock_guard<std::mutex> lock(mutex_);
-  insight_.forward_ms = ms;
+  timer_.record(event);
 }
 
 IterationInsight Reducer::last_insight() const {

@@ -68,7 +68,7 @@ void Reducer::queue_delayed_reduction() {
 
 void Reducer::queue_delayed_reduction_locked() {
   state_ = State::kRecording;
-  first_gradient_time_ = std::chrono::steady_clock::now();
+  timer_.record(IterationTimer::Event::kBackwardStart);
   // Runs when the backward that queued it has finished, on the engine thread.
   torch::autograd::Engine::get_default_engine().queue_callback([this] { delayed_reduction(); });
 }

@@ -14,8 +14,7 @@ ddp_add_gtest(fingerprint_test SOURCES comm/fingerprint_test.cpp LIBS ddp_testin
 add_library(ddp_collective_sweep STATIC comm/collective_sweep.cpp)
 target_link_libraries(ddp_collective_sweep PUBLIC ddp torch GTest::gtest Threads::Threads)
 target_include_directories(ddp_collective_sweep PUBLIC ${PROJECT_SOURCE_DIR}/tests)
-target_precompile_headers(ddp_collective_sweep REUSE_FROM ddp_test_pch)
-set_target_properties(ddp_collective_sweep PROPERTIES POSITION_INDEPENDENT_CODE OFF)
+ddp_use_test_pch(ddp_collective_sweep)
 
 # Subgroups (ddp::new_group): collectives on {0,1},{2,3} and {0,2},{1,3},
 # the non-member handle, bad and mismatched calls, and two DDP replica
@@ -24,8 +23,7 @@ set_target_properties(ddp_collective_sweep PROPERTIES POSITION_INDEPENDENT_CODE 
 add_executable(subgroups_main comm/subgroups_main.cpp)
 target_link_libraries(subgroups_main PRIVATE ddp torch GTest::gtest Threads::Threads) # gtest: the PCH's flags
 target_include_directories(subgroups_main PRIVATE ${PROJECT_SOURCE_DIR}/tests)
-target_precompile_headers(subgroups_main REUSE_FROM ddp_test_pch)
-set_target_properties(subgroups_main PROPERTIES POSITION_INDEPENDENT_CODE OFF)
+ddp_use_test_pch(subgroups_main)
 ddp_add_launched_test(subgroups_4_ranks NPROC 4 COMMAND subgroups_main CASES 8 TIMEOUT 180)
 # The replica groups against PyTorch's DDP over torch.distributed.new_group.
 # (The same cache entry as tests/nn/nn.cmake's, which is included later.)

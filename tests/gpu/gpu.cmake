@@ -36,8 +36,7 @@ elseif(TARGET ddp_nccl_syntax_check)
     -fsyntax-only -Wall -Wextra -Wno-unused-parameter)
   # The tests' shared precompiled header (gtest and torch): without it each
   # of these files takes most of a minute to parse on a small machine.
-  target_precompile_headers(ddp_gpu_tests_syntax_check REUSE_FROM ddp_test_pch)
-  set_target_properties(ddp_gpu_tests_syntax_check PROPERTIES POSITION_INDEPENDENT_CODE OFF)
+  ddp_use_test_pch(ddp_gpu_tests_syntax_check)
   add_dependencies(ddp_nccl_syntax_check ddp_gpu_tests_syntax_check)
   # Two jobs: Torch's headers make each compile heavy, and this may run
   # beside other tests.
@@ -89,8 +88,7 @@ ddp_add_gpu_gtest(ddp_cuda_test gpu/ddp_cuda_test.cpp 120)
 add_executable(gpu_ddp_parity_main gpu/ddp_cuda_parity_main.cpp)
 target_link_libraries(gpu_ddp_parity_main PRIVATE ddp ddp_nccl_deps torch GTest::gtest Threads::Threads)
 target_include_directories(gpu_ddp_parity_main PRIVATE ${PROJECT_SOURCE_DIR}/tests)
-target_precompile_headers(gpu_ddp_parity_main REUSE_FROM ddp_test_pch)
-set_target_properties(gpu_ddp_parity_main PROPERTIES POSITION_INDEPENDENT_CODE OFF)
+ddp_use_test_pch(gpu_ddp_parity_main)
 
 # Gloo ranks may share a GPU; NCCL needs one per rank and skips otherwise.
 foreach(backend gloo nccl)

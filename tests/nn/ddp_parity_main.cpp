@@ -488,6 +488,11 @@ void layout_and_overlap(Report& report) {
     report.expect(insight.overlap_fraction >= 0 && insight.overlap_fraction <= 1,
                   "overlap_fraction " + std::to_string(insight.overlap_fraction) +
                       " is outside [0, 1]" + at_step);
+    // The timer's events: forward start and end, first and last gradient.
+    report.expect(insight.forward_ms > 0 && insight.backward_compute_ms > 0,
+                  "forward_ms " + std::to_string(insight.forward_ms) + " and backward_compute_ms " +
+                      std::to_string(insight.backward_compute_ms) + " should be positive" +
+                      at_step);
     for (const auto& bucket : insight.buckets) {
       report.expect(bucket.launch_ms <= bucket.done_ms,
                     "bucket " + std::to_string(bucket.index) + " is done before it started" +

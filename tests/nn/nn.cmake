@@ -40,8 +40,7 @@ function(ddp_add_nn_program name)
   add_executable(${name} ${ARGN})
   target_link_libraries(${name} PRIVATE ddp torch GTest::gtest Threads::Threads)
   target_include_directories(${name} PRIVATE ${PROJECT_SOURCE_DIR}/tests)
-  target_precompile_headers(${name} REUSE_FROM ddp_test_pch)
-  set_target_properties(${name} PROPERTIES POSITION_INDEPENDENT_CODE OFF)
+  ddp_use_test_pch(${name})
 endfunction()
 
 # Parity with one process (and no_sync, comm hooks, broadcast_buffers, the
@@ -109,8 +108,7 @@ ddp_add_launched_test(ddp_error_reused_parameter NPROC 2 COMMAND ddp_errors_main
 add_executable(ddp_checkpoint_plain_load nn/checkpoint_plain_load_main.cpp)
 target_link_libraries(ddp_checkpoint_plain_load PRIVATE torch GTest::gtest) # gtest: see above
 target_include_directories(ddp_checkpoint_plain_load PRIVATE ${PROJECT_SOURCE_DIR}/tests)
-target_precompile_headers(ddp_checkpoint_plain_load REUSE_FROM ddp_test_pch)
-set_target_properties(ddp_checkpoint_plain_load PROPERTIES POSITION_INDEPENDENT_CODE OFF)
+ddp_use_test_pch(ddp_checkpoint_plain_load)
 ddp_add_nn_program(ddp_join_checkpoint_main nn/ddp_join_checkpoint_main.cpp)
 ddp_add_launched_test(ddp_join_checkpoint_2_ranks NPROC 2 COMMAND ddp_join_checkpoint_main CASES 3
   ARGS ${CMAKE_CURRENT_BINARY_DIR} $<TARGET_FILE:ddp_checkpoint_plain_load> TIMEOUT 90)

@@ -171,14 +171,10 @@ class DistributedDataParallelImpl : public torch::nn::Module {
 
   /// The device of the replica's parameters (CPU when it has none). Small
   /// control tensors go there too, since NCCL moves device tensors only.
-  c10::Device device() const {
-    return device_;
-  }
+  c10::Device device() const;
 
   /// The group gradients are reduced over.
-  const std::shared_ptr<ProcessGroup>& process_group() const {
-    return group_;
-  }
+  const std::shared_ptr<ProcessGroup>& process_group() const;
 
   /// Returns a guard under which backward passes accumulate gradients
   /// locally without communication (gradient accumulation).
@@ -203,9 +199,12 @@ class DistributedDataParallelImpl : public torch::nn::Module {
  private:
   friend class Join;
 
+  // What the wrapper keeps besides the module; defined in the library.
+  struct State;
+
   void pre_forward();
-  // May replace the output's tensors (see Note [Outputs through one node]
-  // in distributed_data_parallel.cpp).
+  // May replace the output's tensors (with find_unused_parameters or
+  // static_graph, by copies that one autograd node makes).
   void post_forward(const std::vector<at::Tensor*>& outputs);
 
   // Calls `fn(at::Tensor&)` on each tensor of a forward's output: a tensor,
@@ -228,23 +227,10 @@ class DistributedDataParallelImpl : public torch::nn::Module {
   template <typename T, typename Fn>
   static void for_each_output_tensor(T&, const Fn&) {}
 
+  // Read by the inline and template members above, hence here.
   detail::Forwarder forwarder_;
   std::shared_ptr<torch::nn::Module> module_;
-  std::shared_ptr<ProcessGroup> group_;
-  DistributedDataParallelOptions options_;
-  std::vector<at::Tensor> buffers_;
-  c10::Device device_ = c10::Device(c10::kCPU);
-  // Shared so that the first static_graph iteration's output sink can hold
-  // it weakly (Note [Delayed reduction] in src/reducer/static_graph.cpp).
-  std::shared_ptr<internal::Reducer> reducer_;
-  // Non-owning: set by a live ddp::Join on this module, which unsets it
-  // before it ends.
-  Join* join_ = nullptr;
-  // Whether the last forward ran with gradients enabled and outside
-  // no_sync(): only then does the next forward broadcast the buffers, as
-  // PyTorch's (require_forward_param_sync).
-  bool last_forward_synchronised_ = true;
-  std::chrono::steady_clock::time_point forward_start_;
+  std::unique_ptr<State> state_;
 };
 
 /// DistributedDataParallel: `ddp::DistributedDataParallel model(net);` then

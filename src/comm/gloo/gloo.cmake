@@ -12,5 +12,8 @@ ddp_add_part(ddp_comm_gloo
   src/comm/gloo/gloo_exchange_allreduce.cpp
   src/comm/gloo/gloo_rendezvous.cpp
   src/comm/gloo/sigpipe_guard.cpp)
-target_link_libraries(ddp_comm_gloo PUBLIC ${CMAKE_DL_LIBS})
+# Only this part sees Gloo's headers and, with a private Gloo, its
+# DDP_PRIVATE_GLOO definition: the other parts' precompiled headers stay valid
+# for the examples and tests, which never see either.
+target_link_libraries(ddp_comm_gloo PUBLIC ddp_gloo ${CMAKE_DL_LIBS})
 target_precompile_headers(ddp_comm_gloo REUSE_FROM ddp_comm)

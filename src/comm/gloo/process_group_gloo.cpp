@@ -481,13 +481,7 @@ std::shared_ptr<Work> ProcessGroupGloo::Impl::start_point_to_point(bool is_send,
                                            const at::Tensor& tensor, int peer,
                                            const PointToPointOptions& options,
                                            std::chrono::milliseconds timeout, const std::string& who) {
-  at::Tensor host = tensor;
-  if (tensor.is_cuda()) {
-    host = at::empty(tensor.sizes(), tensor.options().device(at::kCPU).pinned_memory(true));
-    if (is_send) {
-      host.copy_(tensor);
-    }
-  }
+  at::Tensor host = internal::PointToPointWork::host_buffer(tensor, is_send);
   auto buffer = context_->createUnboundBuffer(host.data_ptr(), host.nbytes());
   const uint64_t slot = gloo::Slot::build(kPointToPointSlotPrefix, static_cast<uint32_t>(options.tag));
   try {
@@ -503,7 +497,7 @@ std::shared_ptr<Work> ProcessGroupGloo::Impl::start_point_to_point(bool is_send,
     throw CommError(c10::str(who, ": cannot start: the connection to rank ", peer,
                              " is closed after an earlier failure. Gloo said: ", e.what()));
   }
-  return std::make_shared<internal::PointToPointWork>(who, timeout, is_send, tensor, host,
+  return std::make_shared<internal::GlooPointToPointWork>(who, timeout, is_send, tensor, host,
                                                      std::move(buffer));
 }
 

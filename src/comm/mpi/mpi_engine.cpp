@@ -9,6 +9,7 @@
 #include <ddp/comm/error.h>
 
 #include "comm/mpi/mpi_types.h"
+#include "comm/point_to_point_work.h"
 #include "internal/check.h"
 
 namespace ddp::internal::mpi {
@@ -38,71 +39,43 @@ std::string not_run_message(const std::string& name, const std::string& broken) 
                   "MPI; see docs/errors.md).");
 }
 
-// send/recv: the request posted at issue, completed by `wait`.
-//
-// Thread-safety: as Work; `wait` may be called from several threads, one of
-// which polls the request while the others wait for the Work.
-class MpiPointToPointWork : public Work {
+// send/recv: the request posted at issue, completed in `wait` (the shared
+// part: comm/point_to_point_work.h).
+class MpiPointToPointWork : public PointToPointWork {
  public:
   MpiPointToPointWork(std::string name, std::chrono::milliseconds default_timeout, bool is_send,
                       at::Tensor tensor, at::Tensor host, MPI_Request request)
-      : Work(std::move(name), default_timeout),
-        default_timeout_(default_timeout),
-        is_send_(is_send),
-        tensor_(std::move(tensor)),
-        host_(std::move(host)),
+      : PointToPointWork(std::move(name), default_timeout, is_send, std::move(tensor),
+                         std::move(host)),
         request_(request) {}
 
-  ~MpiPointToPointWork() override {
-    std::lock_guard<std::mutex> lock(transfer_mutex_);
+  ~MpiPointToPointWork() override { release_transfer(); }
+
+ private:
+  void wait_for_transfer(std::chrono::milliseconds timeout) override {
+    if (mpi_finalized()) {
+      throw CommError(c10::str(name(), ": MPI was finalised before the transfer completed"));
+    }
+    if (!poll_request(&request_, Clock::now() + timeout, name())) {
+      throw TimeoutError(c10::str(name(), " timed out after ", timeout.count(),
+                                  " ms: the peer has not ", is_send() ? "received it" : "sent it",
+                                  " (it may be slow, stuck or dead, or use another tag)"));
+    }
+  }
+
+  void abandon_transfer() override {
     if (request_ != MPI_REQUEST_NULL && !mpi_finalized()) {
       // Nobody waited, or the wait timed out. A receive that has not matched
       // yet can be cancelled; MPI cannot take back a send. Either way the
       // buffers stay alive until MPI is done with them.
-      if (!is_send_) {
+      if (!is_send()) {
         MPI_Cancel(&request_);
       }
-      adopt_request(request_, {tensor_, host_});
+      adopt_request(request_, {tensor(), host()});
     }
   }
 
-  void wait(std::chrono::milliseconds timeout) override {
-    if (timeout == kUseGroupTimeout) {
-      timeout = default_timeout_;
-    }
-    {
-      std::lock_guard<std::mutex> lock(transfer_mutex_);
-      if (!is_completed()) {
-        try {
-          if (mpi_finalized()) {
-            throw CommError(c10::str(name(), ": MPI was finalised before the transfer completed"));
-          }
-          if (poll_request(&request_, Clock::now() + timeout, name())) {
-            if (!is_send_ && host_.data_ptr() != tensor_.data_ptr()) {
-              tensor_.copy_(host_);
-            }
-            set_result({tensor_});
-          } else {
-            throw TimeoutError(c10::str(
-                name(), " timed out after ", timeout.count(), " ms: the peer has not ",
-                is_send_ ? "received it" : "sent it",
-                " (it may be slow, stuck or dead, or use another tag)"));
-          }
-        } catch (...) {
-          set_error(std::current_exception());
-        }
-      }
-    }
-    Work::wait(timeout);
-  }
-
- private:
-  const std::chrono::milliseconds default_timeout_;
-  const bool is_send_;
-  at::Tensor tensor_;
-  at::Tensor host_; // tensor_ itself for a CPU tensor
-  std::mutex transfer_mutex_;
-  MPI_Request request_; // guarded by transfer_mutex_; MPI_REQUEST_NULL once complete
+  MPI_Request request_; // guarded by the transfer lock; MPI_REQUEST_NULL once complete
 };
 
 } // namespace
@@ -226,13 +199,7 @@ std::shared_ptr<Work> MpiEngine::post_point_to_point(bool is_send, const at::Ten
   if (broken) {
     return failed_work(name, timeout);
   }
-  at::Tensor host = tensor;
-  if (tensor.is_cuda()) {
-    host = at::empty(tensor.sizes(), tensor.options().device(at::kCPU).pinned_memory(true));
-    if (is_send) {
-      host.copy_(tensor);
-    }
-  }
+  at::Tensor host = PointToPointWork::host_buffer(tensor, is_send);
   MPI_Request request = MPI_REQUEST_NULL;
   const int count = static_cast<int>(tensor.numel()); // checked by the caller
   const MPI_Datatype datatype = datatype_of(tensor.scalar_type());

@@ -10,8 +10,7 @@
 # asking for MPI says so.
 add_executable(mpi_failure_main comm/mpi/mpi_failure_main.cpp)
 target_link_libraries(mpi_failure_main PRIVATE ddp torch GTest::gtest Threads::Threads) # gtest: the PCH's flags
-target_precompile_headers(mpi_failure_main REUSE_FROM ddp_test_pch)
-set_target_properties(mpi_failure_main PROPERTIES POSITION_INDEPENDENT_CODE OFF)
+ddp_use_test_pch(mpi_failure_main)
 
 # DDP_BACKEND that names no backend, in every build.
 ddp_add_output_test(ddp_backend_env_invalid EXIT nonzero
@@ -65,8 +64,7 @@ add_executable(process_group_mpi_test comm/mpi/process_group_mpi_test.cpp)
 target_link_libraries(process_group_mpi_test PRIVATE ddp_collective_sweep ddp GTest::gtest
   GTest::gtest_main torch Threads::Threads)
 target_include_directories(process_group_mpi_test PRIVATE ${PROJECT_SOURCE_DIR}/src ${PROJECT_SOURCE_DIR}/tests)
-target_precompile_headers(process_group_mpi_test REUSE_FROM ddp_test_pch)
-set_target_properties(process_group_mpi_test PROPERTIES POSITION_INDEPENDENT_CODE OFF)
+ddp_use_test_pch(process_group_mpi_test)
 add_test(NAME process_group_mpi_test_1_rank
   COMMAND process_group_mpi_test --gtest_brief=1 --gtest_filter=-MpiErrors.BadArgumentsAreClearErrors)
 set_tests_properties(process_group_mpi_test_1_rank PROPERTIES TIMEOUT 120 LABELS mpi)
@@ -120,8 +118,7 @@ ddp_add_output_test(ddprun_refuses_mpi EXIT nonzero REGEX "^  DDP_BACKEND=mpi mp
 #   DDP_BACKEND=mpi mpirun -np 2 build/tests/mpi_cuda_main
 add_executable(mpi_cuda_main comm/mpi/mpi_cuda_main.cpp)
 target_link_libraries(mpi_cuda_main PRIVATE ddp torch GTest::gtest Threads::Threads) # gtest: the PCH's flags
-target_precompile_headers(mpi_cuda_main REUSE_FROM ddp_test_pch)
-set_target_properties(mpi_cuda_main PROPERTIES POSITION_INDEPENDENT_CODE OFF)
+ddp_use_test_pch(mpi_cuda_main)
 
 # ---- DDP, Join and the examples, unchanged, on MPI --------------------------------
 # The programs are defined in tests/nn/nn.cmake and examples/.
@@ -168,6 +165,5 @@ endif()
 add_executable(mpi_mismatch_test comm/mpi/mpi_mismatch_test.cpp)
 target_link_libraries(mpi_mismatch_test PRIVATE ddp GTest::gtest GTest::gtest_main torch Threads::Threads)
 target_include_directories(mpi_mismatch_test PRIVATE ${PROJECT_SOURCE_DIR}/src ${PROJECT_SOURCE_DIR}/tests)
-target_precompile_headers(mpi_mismatch_test REUSE_FROM ddp_test_pch)
-set_target_properties(mpi_mismatch_test PROPERTIES POSITION_INDEPENDENT_CODE OFF)
+ddp_use_test_pch(mpi_mismatch_test)
 ddp_add_mpi_test(mpi_mismatch_test_2_ranks NP 2 COMMAND mpi_mismatch_test ARGS --gtest_brief=1 TIMEOUT 120)
