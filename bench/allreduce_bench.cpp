@@ -8,10 +8,16 @@
 //   build/ddprun --nproc-per-node 2 --no-prefix build/bench/allreduce_bench
 //       [--sizes 4096,1M,64M] [--iters N] [--warmup N]
 //   DDP_BACKEND=mpi mpirun -np 2 build/bench/allreduce_bench [...]
+//   [--layout contiguous|column|both]
 // prints on rank 0, for each size (bytes of float32; a K or M suffix means
 // KiB or MiB; default 4 KiB to 64 MiB in steps of 4x), one line
 //   allreduce_bench impl=ddp backend=gloo world=2 dtype=float32 bytes=4096 warmup=100 iters=1000 median_us=61.20 p10_us=55.31 p90_us=70.02 busbw_gbps=0.0669
-// and exits 0. It exits 1 if a collective fails or gives a wrong sum, and 2
+// and exits 0. With --layout column the tensor is a column of a
+// [bytes / 4, 2] matrix (strided: each call copies it to contiguous memory
+// and back, Note [Non-contiguous arguments]), and the line says
+// layout=column; --layout both measures each size both ways and adds
+//   allreduce_bench layout_ratio backend=gloo world=2 bytes=4096 column_over_contiguous=1.08
+// with the contiguous tensor, the unchanged path, as the anchor. It exits 1 if a collective fails or gives a wrong sum, and 2
 // on a bad command line.
 //
 // How it measures, per size:
@@ -66,6 +72,8 @@ struct Config {
   std::vector<int64_t> sizes_bytes = kDefaultSizes;
   int64_t iters = 0;  // 0: from the size (iters_for)
   int64_t warmup = -1; // -1: from the iteration count (warmup_for)
+  bool contiguous = true;
+  bool column = false;
 };
 
 int64_t iters_for(int64_t bytes) {
@@ -80,6 +88,7 @@ int64_t warmup_for(int64_t iters) {
   std::fprintf(stderr,
                "allreduce_bench: %s\n"
                "usage: allreduce_bench [--sizes BYTES[,BYTES...]] [--iters N] [--warmup N]\n"
+               "                       [--layout contiguous|column|both]\n"
                "BYTES may end in K (KiB) or M (MiB) and must be a positive multiple of 4.\n",
                message.c_str());
   std::exit(2);
@@ -135,6 +144,12 @@ Config parse_args(int argc, char** argv) {
       if (config.warmup < 0) {
         usage_error("--warmup must be an integer >= 0 (got '" + value + "')");
       }
+    } else if (flag == "--layout") {
+      if (value != "contiguous" && value != "column" && value != "both") {
+        usage_error("--layout must be contiguous, column or both (got '" + value + "')");
+      }
+      config.contiguous = value != "column";
+      config.column = value != "contiguous";
     } else {
       usage_error("unknown flag '" + flag + "'");
     }
@@ -148,11 +163,13 @@ double quantile(const std::vector<double>& sorted, double q) {
   return sorted[std::min(index, sorted.size() - 1)];
 }
 
-// Runs one size; returns false if the check sum is wrong.
-bool run_size(ddp::ProcessGroup& pg, int64_t bytes, int64_t iters, int64_t warmup) {
+// Runs one size; returns the median in seconds, or a negative number if the
+// check sum is wrong.
+double run_size(ddp::ProcessGroup& pg, int64_t bytes, int64_t iters, int64_t warmup, bool column) {
   using Clock = std::chrono::steady_clock;
   const int world = pg.size();
-  auto tensor = at::empty({bytes / 4}, at::kFloat);
+  auto tensor = column ? at::empty({bytes / 4, 2}, at::kFloat).select(1, 1)
+                       : at::empty({bytes / 4}, at::kFloat);
 
   tensor.fill_(pg.rank() + 1.0);
   pg.allreduce(tensor)->wait();
@@ -162,7 +179,7 @@ bool run_size(ddp::ProcessGroup& pg, int64_t bytes, int64_t iters, int64_t warmu
                  "(expected %g everywhere, got min %g max %g)\n",
                  pg.rank(), world, static_cast<long long>(bytes), expected,
                  tensor.min().item<double>(), tensor.max().item<double>());
-    return false;
+    return -1;
   }
   tensor.zero_();
 
@@ -180,19 +197,20 @@ bool run_size(ddp::ProcessGroup& pg, int64_t bytes, int64_t iters, int64_t warmu
   }
   pg.allreduce(seconds, {ddp::ReduceOp::kMax})->wait();
 
+  std::vector<double> sorted(seconds_data, seconds_data + iters);
+  std::sort(sorted.begin(), sorted.end());
+  const double median = quantile(sorted, 0.5);
   if (pg.rank() == 0) {
-    std::vector<double> sorted(seconds_data, seconds_data + iters);
-    std::sort(sorted.begin(), sorted.end());
-    const double median = quantile(sorted, 0.5);
     const double busbw = 2.0 * (world - 1) / world * static_cast<double>(bytes) / median;
-    std::printf("allreduce_bench impl=ddp backend=%s world=%d dtype=float32 bytes=%lld "
+    std::printf("allreduce_bench impl=ddp backend=%s world=%d dtype=float32 bytes=%lld%s "
                 "warmup=%lld iters=%lld median_us=%.2f p10_us=%.2f p90_us=%.2f busbw_gbps=%.4f\n",
-                pg.backend_name().c_str(), world, static_cast<long long>(bytes), static_cast<long long>(warmup),
+                pg.backend_name().c_str(), world, static_cast<long long>(bytes),
+                column ? " layout=column" : "", static_cast<long long>(warmup),
                 static_cast<long long>(iters), median * 1e6, quantile(sorted, 0.1) * 1e6,
                 quantile(sorted, 0.9) * 1e6, busbw / 1e9);
     std::fflush(stdout);
   }
-  return true;
+  return median;
 }
 
 } // namespace
@@ -207,9 +225,18 @@ int main(int argc, char** argv) {
     for (const int64_t bytes : config.sizes_bytes) {
       const int64_t iters = config.iters > 0 ? config.iters : iters_for(bytes);
       const int64_t warmup = config.warmup >= 0 ? config.warmup : warmup_for(iters);
-      if (!run_size(*pg, bytes, iters, warmup)) {
+      const double contiguous = config.contiguous ? run_size(*pg, bytes, iters, warmup, false) : 0;
+      const double column = config.column ? run_size(*pg, bytes, iters, warmup, true) : 0;
+      if (contiguous < 0 || column < 0) {
         ok = false;
         break;
+      }
+      if (config.contiguous && config.column && pg->rank() == 0) {
+        std::printf("allreduce_bench layout_ratio backend=%s world=%d bytes=%lld "
+                    "column_over_contiguous=%.2f\n",
+                    pg->backend_name().c_str(), pg->size(), static_cast<long long>(bytes),
+                    column / contiguous);
+        std::fflush(stdout);
       }
     }
     ddp::destroy_process_group();

@@ -123,10 +123,28 @@ void check_scatter(const at::Tensor& output, const std::vector<at::Tensor>& inpu
   check_root_only_list(inputs, rank, root, size, who, "inputs", matching(output, who, "output", rules));
 }
 
-void check_reduce_scatter(const at::Tensor& output, const std::vector<at::Tensor>& inputs, int size,
-                          const std::string& who, const TensorRules& rules) {
+void check_reduce_scatter(const at::Tensor& output, const std::vector<at::Tensor>& inputs, int rank,
+                          int size, const std::string& who, const TensorRules& rules) {
   rules.check(output, who, "output");
-  check_one_per_rank(inputs, size, who, "inputs", matching(output, who, "output", rules));
+  // As PyTorch: inputs[r] is reduced into rank r's output, so the chunks may
+  // differ in size from rank to rank (each inputs[r] alike on every rank);
+  // this rank's output has the size of its own chunk.
+  check_one_per_rank(inputs, size, who, "inputs",
+                     [&](const at::Tensor& t, const std::string& what) {
+                       rules.check(t, who, what);
+                       DDP_CHECK(t.scalar_type() == output.scalar_type(), who, ": ", what,
+                                 " has dtype ", t.scalar_type(), ", expected ",
+                                 output.scalar_type(), " like output");
+                       if (rules.one_device_reason != nullptr) {
+                         DDP_CHECK(t.device() == output.device(), who, ": ", what, " is on ",
+                                   t.device(), ", expected ", output.device(), " like output (",
+                                   rules.one_device_reason, ")");
+                       }
+                     });
+  const at::Tensor& mine = inputs[static_cast<size_t>(rank)];
+  DDP_CHECK(output.numel() == mine.numel(), who, ": output has ", output.numel(),
+            " elements (sizes ", output.sizes(), "), expected ", mine.numel(), " like inputs[",
+            rank, "] (sizes ", mine.sizes(), "), this rank's chunk");
 }
 
 void check_alltoall(const at::Tensor& output, const at::Tensor& input, int size,

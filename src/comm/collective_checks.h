@@ -89,8 +89,11 @@ void check_gather(const std::vector<at::Tensor>& outputs, const at::Tensor& inpu
 void check_scatter(const at::Tensor& output, const std::vector<at::Tensor>& inputs, int rank,
                    int root, int size, const std::string& who, const TensorRules& rules);
 
-void check_reduce_scatter(const at::Tensor& output, const std::vector<at::Tensor>& inputs, int size,
-                          const std::string& who, const TensorRules& rules);
+// reduce_scatter: one input per rank, of output's dtype (and device, under
+// one_device_reason); inputs[rank] has output's element count, the others
+// any (uneven chunks, as PyTorch allows).
+void check_reduce_scatter(const at::Tensor& output, const std::vector<at::Tensor>& inputs, int rank,
+                          int size, const std::string& who, const TensorRules& rules);
 
 void check_alltoall(const at::Tensor& output, const at::Tensor& input, int size,
                     const std::string& who, const TensorRules& rules);

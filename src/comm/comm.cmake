@@ -10,6 +10,7 @@ ddp_add_part(ddp_comm
   src/comm/fingerprint.cpp
   src/comm/collective_checks.cpp
   src/comm/point_to_point_work.cpp
+  src/comm/contiguous_arguments.cpp
   src/comm/reduce_kernels.cpp
   src/comm/init.cpp
   src/comm/subgroups.cpp)

@@ -1,17 +1,28 @@
 #include "comm/point_to_point_work.h"
 
 #include <ATen/ATen.h>
+#include <ATen/MemoryOverlap.h>
 
 #include <exception>
 #include <utility>
 
+#include "internal/check.h"
+
 namespace ddp::internal {
 
-at::Tensor PointToPointWork::host_buffer(const at::Tensor& tensor, bool is_send) {
-  if (!tensor.is_cuda()) {
+at::Tensor PointToPointWork::host_buffer(const at::Tensor& tensor, bool is_send,
+                                         const std::string& who) {
+  if (!tensor.is_cuda() && tensor.is_contiguous()) {
     return tensor;
   }
-  at::Tensor host = at::empty(tensor.sizes(), tensor.options().device(at::kCPU).pinned_memory(true));
+  DDP_CHECK(is_send || at::has_internal_overlap(tensor) != at::MemOverlap::Yes, who,
+            ": the tensor has elements that share memory (sizes ", tensor.sizes(), ", strides ",
+            tensor.strides(), ", an expanded tensor?), so it cannot receive; expected a tensor "
+            "whose elements are distinct, such as tensor.clone()");
+  at::Tensor host = at::empty(tensor.sizes(), tensor.options()
+                                                  .device(at::kCPU)
+                                                  .memory_format(at::MemoryFormat::Contiguous)
+                                                  .pinned_memory(tensor.is_cuda()));
   if (is_send) {
     host.copy_(tensor);
   }

@@ -24,9 +24,12 @@ namespace ddp::internal {
 class PointToPointWork : public Work {
  public:
   // The buffer a transport reads or writes for `tensor`: the tensor itself
-  // on the CPU; for a CUDA tensor a pinned host tensor of its size, holding
-  // its values for a send.
-  static at::Tensor host_buffer(const at::Tensor& tensor, bool is_send);
+  // when it is a contiguous CPU tensor; else a contiguous host tensor of its
+  // size (pinned for a CUDA tensor), holding its values for a send, copied
+  // back into it after a receive (Note [Non-contiguous arguments]). A
+  // receive into a tensor whose elements share memory is refused, naming
+  // `who`.
+  static at::Tensor host_buffer(const at::Tensor& tensor, bool is_send, const std::string& who);
 
   // Waits for the transfer (wait_for_transfer, with the deadline), copies a
   // received CUDA tensor back from its host buffer, then completes the Work

@@ -220,6 +220,146 @@ void reduce_scatter_and_alltoall(ProcessGroup& pg, int64_t count) {
   }
 }
 
+// PyTorch's test_reduce_scatter with uneven chunks: inputs[i] has i * count
+// elements on every rank, and rank r's output has r * count.
+void uneven_reduce_scatter(ProcessGroup& pg, int64_t count) {
+  const int rank = pg.rank();
+  const int world = pg.size();
+  std::vector<at::Tensor> inputs;
+  for (int i = 0; i < world; ++i) {
+    // Element k of chunk i on rank q: (q + 1) * (k + i).
+    inputs.push_back((torch::arange(i * count, torch::kDouble) + i) * (rank + 1));
+  }
+  auto output = torch::full({rank * count}, -1.0, torch::kDouble);
+  auto work = pg.reduce_scatter(output, inputs, {ReduceOp::kSum});
+  work->wait();
+  // Sum over q of (q + 1) = W(W + 1)/2.
+  const auto expected = (torch::arange(rank * count, torch::kDouble) + rank) * (world * (world + 1) / 2.0);
+  ASSERT_TRUE(torch::equal(output, expected)) << output;
+  ASSERT_TRUE(work->result().at(0).is_same(output));
+  auto average = torch::empty({rank * count}, torch::kDouble);
+  pg.reduce_scatter(average, inputs, {ReduceOp::kAvg})->wait();
+  ASSERT_TRUE(torch::allclose(average, expected / world));
+}
+
+// PyTorch's test_allgather_noncontiguous_input and friends: every operation
+// takes strided, transposed and expanded tensors, and writes non-contiguous
+// outputs in place. Columns of an [n, 2] matrix are the strided views.
+void non_contiguous_arguments(ProcessGroup& pg, int64_t count) {
+  const int rank = pg.rank();
+  const int world = pg.size();
+  const int64_t n = count;
+  const auto column = [n](double value) {
+    auto matrix = torch::full({n, 2}, -7.0, torch::kDouble);
+    auto view = matrix.select(1, 1);
+    view.copy_(torch::arange(n, torch::kDouble) + value);
+    return std::make_pair(matrix, view);
+  };
+  // allreduce in place into a column; the other column is untouched.
+  {
+    auto [matrix, view] = column(rank);
+    ASSERT_FALSE(view.is_contiguous() && n > 1);
+    auto work = pg.allreduce(view);
+    work->wait();
+    ASSERT_TRUE(torch::equal(view, torch::arange(n, torch::kDouble) * world + world * (world - 1) / 2.0));
+    ASSERT_TRUE(torch::equal(matrix.select(1, 0), torch::full({n}, -7.0, torch::kDouble)));
+    ASSERT_TRUE(work->result().at(0).is_same(view));
+  }
+  // broadcast into a transposed matrix.
+  {
+    auto target = torch::full({2, n}, 1.0 * rank, torch::kDouble).t();
+    if (rank == 0) {
+      target.copy_(torch::arange(2 * n, torch::kDouble).reshape({n, 2}));
+    }
+    pg.broadcast(target, {0})->wait();
+    ASSERT_TRUE(torch::equal(target, torch::arange(2 * n, torch::kDouble).reshape({n, 2})));
+  }
+  // allgather and gather of a column into columns; an expanded input.
+  {
+    auto [matrix, input] = column(10.0 * rank);
+    std::vector<at::Tensor> matrices;
+    std::vector<at::Tensor> outputs;
+    for (int r = 0; r < world; ++r) {
+      matrices.push_back(torch::zeros({n, 2}, torch::kDouble));
+      outputs.push_back(matrices.back().select(1, 0));
+    }
+    pg.allgather(outputs, input)->wait();
+    for (int r = 0; r < world; ++r) {
+      ASSERT_TRUE(torch::equal(outputs[r], torch::arange(n, torch::kDouble) + 10.0 * r));
+      ASSERT_TRUE(torch::equal(matrices[r].select(1, 1), torch::zeros({n}, torch::kDouble)));
+    }
+    auto gathered = torch::zeros({world * n, 2}, torch::kDouble);
+    pg.allgather_into_tensor(gathered.select(1, 1), torch::full({1}, 1.0 * rank, torch::kDouble).expand({n}))
+        ->wait();
+    for (int r = 0; r < world; ++r) {
+      ASSERT_TRUE(torch::equal(gathered.select(1, 1).narrow(0, r * n, n), torch::full({n}, 1.0 * r, torch::kDouble)));
+    }
+    std::vector<at::Tensor> at_root;
+    if (rank == world - 1) {
+      for (int r = 0; r < world; ++r) {
+        at_root.push_back(torch::zeros({2, n}, torch::kDouble).select(0, 1));
+      }
+    }
+    pg.gather(at_root, input, {world - 1})->wait();
+    for (size_t r = 0; r < at_root.size(); ++r) {
+      ASSERT_TRUE(torch::equal(at_root[r], torch::arange(n, torch::kDouble) + 10.0 * r));
+    }
+  }
+  // scatter from strided inputs into a column; reduce into a column.
+  {
+    std::vector<at::Tensor> pieces;
+    if (rank == 0) {
+      for (int r = 0; r < world; ++r) {
+        pieces.push_back(column(100.0 * r).second);
+      }
+    }
+    auto [matrix, mine] = column(-1.0);
+    pg.scatter(mine, pieces, {0})->wait();
+    ASSERT_TRUE(torch::equal(mine, torch::arange(n, torch::kDouble) + 100.0 * rank));
+    auto [other, reduced] = column(1.0);
+    pg.reduce(reduced, {ReduceOp::kSum, 0})->wait();
+    if (rank == 0) {
+      ASSERT_TRUE(torch::equal(reduced, (torch::arange(n, torch::kDouble) + 1.0) * world));
+    }
+  }
+  // reduce_scatter from strided inputs into a column; alltoall from a
+  // transposed input into a column.
+  {
+    std::vector<at::Tensor> inputs;
+    for (int r = 0; r < world; ++r) {
+      inputs.push_back(column(r).second);
+    }
+    auto [matrix, output] = column(0.0);
+    pg.reduce_scatter(output, inputs)->wait();
+    ASSERT_TRUE(torch::equal(output, (torch::arange(n, torch::kDouble) + rank) * world));
+    // Chunk c of rank q's input holds 10q + c.
+    auto input = torch::empty({2, world * n}, torch::kDouble);
+    for (int c = 0; c < world; ++c) {
+      input.select(0, 1).narrow(0, c * n, n).fill_(10.0 * rank + c);
+    }
+    auto received = torch::zeros({world * n, 2}, torch::kDouble);
+    pg.alltoall(received.select(1, 0), input.select(0, 1))->wait();
+    for (int c = 0; c < world; ++c) {
+      ASSERT_TRUE(torch::equal(received.select(1, 0).narrow(0, c * n, n),
+                               torch::full({n}, 10.0 * c + rank, torch::kDouble)));
+    }
+  }
+  // send and recv: a strided column to the next rank's column.
+  if (world > 1) {
+    auto [sent_matrix, sent] = column(1000.0 * rank);
+    auto [received_matrix, received] = column(-1.0);
+    const int next = (rank + 1) % world;
+    const int prev = (rank + world - 1) % world;
+    auto send = pg.send(sent, next, {3});
+    auto recv = pg.recv(received, prev, {3});
+    send->wait();
+    recv->wait();
+    ASSERT_TRUE(torch::equal(received, torch::arange(n, torch::kDouble) + 1000.0 * prev));
+    ASSERT_TRUE(torch::equal(received_matrix.select(1, 0), torch::full({n}, -7.0, torch::kDouble)));
+  }
+  pg.barrier()->wait();
+}
+
 void send_recv_ring_and_barrier(ProcessGroup& pg, int64_t count) {
   const int rank = pg.rank();
   const int world = pg.size();
@@ -261,6 +401,8 @@ const std::vector<SweepCheck>& sweep_checks() {
       {"AllgatherBothForms", &allgather_both_forms},
       {"GatherAndScatter", &gather_and_scatter},
       {"ReduceScatterAndAlltoall", &reduce_scatter_and_alltoall},
+      {"UnevenReduceScatter", &uneven_reduce_scatter},
+      {"NonContiguousArguments", &non_contiguous_arguments},
       {"SendRecvRingAndBarrier", &send_recv_ring_and_barrier},
   };
   return checks;
@@ -279,8 +421,15 @@ void check_bad_arguments_are_clear_errors(ProcessGroup& pg) {
   const int rank = pg.rank();
   const int world = pg.size();
   const std::string w = std::to_string(world);
-  auto strided = torch::ones({4, 4}).t();
-  expect_check_error([&] { pg.allreduce(strided); }, "allreduce: tensor must be contiguous");
+  // An expanded tensor is readable (an input) but cannot hold a result.
+  auto expanded = torch::ones({1}).expand({4});
+  expect_check_error([&] { pg.allreduce(expanded); },
+                     "allreduce: tensor has elements that share memory");
+  // Chunks may differ in size; this rank's output has its own chunk's.
+  expect_check_error([&] { pg.reduce_scatter(torch::ones({2}),
+                                             std::vector<at::Tensor>(world, torch::ones({1}))); },
+                     "reduce_scatter: output has 2 elements (sizes [2]), expected 1 like inputs[" +
+                         std::to_string(rank) + "]");
   expect_check_error([&] { pg.allreduce(torch::ones({3}, torch::kInt), {ReduceOp::kAvg}); },
                      "AVG is not defined for dtype Int");
   expect_check_error([&] { pg.allreduce(torch::ones({3}), {ReduceOp::kBxor}); },

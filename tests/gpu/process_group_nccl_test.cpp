@@ -255,6 +255,15 @@ TEST_P(NcclSweep, ReduceScatterSumAndAvg) {
     auto avg = torch::empty_like(sum);
     pg->reduce_scatter(avg, inputs, {ReduceOp::kAvg})->wait();
     EXPECT_TRUE(torch::allclose(avg.cpu(), (expected.to(torch::kDouble) / world).to(torch::kFloat)));
+    // Uneven chunks (PyTorch's test_reduce_scatter): inputs[i] has i elements
+    // on every rank, rank r's output r.
+    std::vector<at::Tensor> uneven;
+    for (int i = 0; i < world; ++i) {
+      uneven.push_back(torch::full({i}, rank + 1.0, torch::dtype(torch::kFloat).device(cuda(rank))));
+    }
+    auto mine = torch::zeros({rank}, torch::dtype(torch::kFloat).device(cuda(rank)));
+    pg->reduce_scatter(mine, uneven)->wait();
+    EXPECT_TRUE(torch::equal(mine.cpu(), torch::full({rank}, world * (world + 1) / 2.0, torch::kFloat)));
   });
 }
 
@@ -352,9 +361,15 @@ TEST_F(NcclErrors, ReductionsNcclCannotDoAreRejected) {
                   "cannot reduce dtype Short");
 }
 
-TEST_F(NcclErrors, NonContiguousAndMismatchedArgumentsAreRejected) {
-  auto matrix = torch::ones({4, 4}, cuda());
-  expect_contains(message_of<c10::Error>([&] { group_->broadcast(matrix.t()); }), "must be contiguous");
+TEST_F(NcclErrors, ExpandedOutputsAndMismatchedArgumentsAreRejected) {
+  // Non-contiguous tensors are taken (Note [Non-contiguous arguments]); an
+  // expanded one cannot hold a result.
+  auto matrix = torch::arange(16, torch::dtype(torch::kFloat).device(cuda())).reshape({4, 4});
+  auto transposed = matrix.t();
+  group_->broadcast(transposed)->wait();
+  EXPECT_TRUE(torch::equal(matrix.cpu(), torch::arange(16, torch::kFloat).reshape({4, 4})));
+  expect_contains(message_of<c10::Error>([&] { group_->broadcast(torch::ones({1}, cuda()).expand({4})); }),
+                  "has elements that share memory");
   auto input = torch::ones({4}, cuda());
   auto wrong = torch::empty({5}, cuda());
   expect_contains(message_of<c10::Error>([&] { group_->allgather_into_tensor(wrong, input); }),

@@ -35,9 +35,11 @@ namespace ddp {
 ///
 /// Every collective is asynchronous: it checks its arguments on the caller's
 /// thread (throwing `c10::Error` on misuse), queues the operation and returns
-/// a `Work`. Tensors are reduced and written in place; "in place" means the
-/// tensor's storage, so pass the tensor itself, not a copy. Tensors must be
-/// contiguous.
+/// a `Work`. Tensors are reduced and written in place, so pass the tensor
+/// itself, not a copy. Any strides are taken (a column view, a transposed or
+/// channels-last tensor: copied to contiguous memory and back for the
+/// transport); an output must not be expanded (its elements would share
+/// memory).
 ///
 /// Every operation has a deadline: the group's `timeout()` unless the call's
 /// options give another. Past it the operation fails with `TimeoutError`.
@@ -127,7 +129,9 @@ class ProcessGroup {
       const ScatterOptions& options = {}) = 0;
 
   /// Reduces `inputs[r]` across ranks into `output` on rank r. `inputs` holds
-  /// size() tensors shaped like `output`.
+  /// size() tensors of `output`'s dtype; `inputs[r]` has the same element
+  /// count on every rank, and rank r's `output` has that count. The chunks
+  /// may differ in size from rank to rank, as in PyTorch.
   virtual std::shared_ptr<Work> reduce_scatter(
       const at::Tensor& output,
       const std::vector<at::Tensor>& inputs,

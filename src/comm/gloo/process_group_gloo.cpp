@@ -51,6 +51,7 @@
 #include "comm/fingerprint.h"
 #include "comm/gloo/gloo_api.h"
 #include "comm/gloo/gloo_exchange_allreduce.h"
+#include "comm/contiguous_arguments.h"
 #include "comm/gloo/gloo_point_to_point.h"
 #include "comm/gloo/gloo_rendezvous.h"
 #include "comm/gloo/gloo_sparse.h"
@@ -109,8 +110,6 @@ void check_tensor(const at::Tensor& t, const std::string& who, const std::string
   internal::check_strided(t, who, what,
                           "the Gloo backend reduces sparse tensors only in allreduce, one tensor "
                           "per call");
-  DDP_CHECK(t.is_contiguous(), who, ": ", what, " must be contiguous (got sizes ", t.sizes(),
-            " with strides ", t.strides(), "); pass tensor.contiguous() and copy the result back");
   check_device_and_dtype(t, who, what);
 }
 
@@ -162,6 +161,11 @@ std::shared_ptr<Work> ProcessGroupGloo::allreduce_coalesced(
         });
   }
   internal::check_coalesced(tensors, who, kGlooRules);
+  // Stand-ins for non-contiguous tensors: Note [Non-contiguous arguments].
+  internal::ContiguousArguments args;
+  const std::vector<at::Tensor> dense = tensors.size() == 1
+      ? std::vector<at::Tensor>{args.output(tensors[0], who, "tensor")}
+      : args.outputs(tensors, who, "tensors");
   auto kernel = checked_kernel(tensors[0].scalar_type(), options.op, who);
   const ReduceOp op = options.op;
   const int size = this->size();
@@ -172,8 +176,8 @@ std::shared_ptr<Work> ProcessGroupGloo::allreduce_coalesced(
   }
   internal::Fingerprint fingerprint{"allreduce", tensors[0].scalar_type(), numel, op};
   return impl_->enqueue(
-      std::move(fingerprint), resolve_timeout(options.timeout), tensors,
-      [tensors, kernel, op, size, context](uint32_t tag, std::chrono::milliseconds timeout) {
+      std::move(fingerprint), resolve_timeout(options.timeout), args.keep(dense),
+      args.wrap([tensors = dense, kernel, op, size, context](uint32_t tag, std::chrono::milliseconds timeout) {
         internal::HostStaging staging;
         // One tensor is reduced in place; several are packed into one buffer
         // so that they cost one collective.
@@ -215,7 +219,7 @@ std::shared_ptr<Work> ProcessGroupGloo::allreduce_coalesced(
           }
         }
         return tensors;
-      });
+      }));
 }
 
 std::shared_ptr<Work> ProcessGroupGloo::broadcast(const at::Tensor& tensor,
@@ -225,9 +229,11 @@ std::shared_ptr<Work> ProcessGroupGloo::broadcast(const at::Tensor& tensor,
   const int root = options.root_rank;
   auto context = impl_->context();
   internal::Fingerprint fingerprint{"broadcast", tensor.scalar_type(), tensor.numel(), std::nullopt, root};
+  internal::ContiguousArguments args;
+  const at::Tensor dense = args.output(tensor, who, "tensor");
   return impl_->enqueue(
-      std::move(fingerprint), resolve_timeout(options.timeout), {tensor},
-      [tensor, root, context](uint32_t tag, std::chrono::milliseconds timeout) {
+      std::move(fingerprint), resolve_timeout(options.timeout), args.keep({dense}),
+      args.wrap([tensor = dense, root, context](uint32_t tag, std::chrono::milliseconds timeout) {
         internal::HostStaging staging;
         auto host = staging.in(tensor);
         if (host.numel() > 0) {
@@ -240,7 +246,7 @@ std::shared_ptr<Work> ProcessGroupGloo::broadcast(const at::Tensor& tensor,
         }
         staging.copy_back();
         return std::vector<at::Tensor>{tensor};
-      });
+      }));
 }
 
 std::shared_ptr<Work> ProcessGroupGloo::reduce(const at::Tensor& tensor,
@@ -254,9 +260,11 @@ std::shared_ptr<Work> ProcessGroupGloo::reduce(const at::Tensor& tensor,
   const int rank = this->rank();
   auto context = impl_->context();
   internal::Fingerprint fingerprint{"reduce", tensor.scalar_type(), tensor.numel(), op, root};
+  internal::ContiguousArguments args;
+  const at::Tensor dense = args.output(tensor, who, "tensor");
   return impl_->enqueue(
-      std::move(fingerprint), resolve_timeout(options.timeout), {tensor},
-      [tensor, kernel, root, op, size, rank, context](uint32_t tag, std::chrono::milliseconds timeout) {
+      std::move(fingerprint), resolve_timeout(options.timeout), args.keep({dense}),
+      args.wrap([tensor = dense, kernel, root, op, size, rank, context](uint32_t tag, std::chrono::milliseconds timeout) {
         internal::HostStaging staging;
         auto host = staging.in(tensor);
         if (host.numel() > 0) {
@@ -273,7 +281,7 @@ std::shared_ptr<Work> ProcessGroupGloo::reduce(const at::Tensor& tensor,
         }
         staging.copy_back();
         return std::vector<at::Tensor>{tensor};
-      });
+      }));
 }
 
 std::shared_ptr<Work> ProcessGroupGloo::allgather(const std::vector<at::Tensor>& outputs,
@@ -282,12 +290,14 @@ std::shared_ptr<Work> ProcessGroupGloo::allgather(const std::vector<at::Tensor>&
   const std::string who = rank_prefix() + " allgather";
   internal::check_allgather(outputs, input, size(), who, kGlooRules);
   auto context = impl_->context();
-  std::vector<at::Tensor> keep(outputs);
-  keep.push_back(input);
+  internal::ContiguousArguments args;
+  std::vector<at::Tensor> keep = args.outputs(outputs, who, "outputs");
+  keep.push_back(args.input(input));
   internal::Fingerprint fingerprint{"allgather", input.scalar_type(), input.numel()};
   return impl_->enqueue(
-      std::move(fingerprint), resolve_timeout(options.timeout), keep,
-      [outputs, input, context](uint32_t tag, std::chrono::milliseconds timeout) {
+      std::move(fingerprint), resolve_timeout(options.timeout), args.keep(keep),
+      args.wrap([outputs = std::vector<at::Tensor>(keep.begin(), keep.end() - 1), input = keep.back(),
+                 context](uint32_t tag, std::chrono::milliseconds timeout) {
         internal::HostStaging staging;
         auto host_input = staging.in(input);
         auto flat = at::empty({static_cast<int64_t>(outputs.size()) * input.numel()},
@@ -304,7 +314,7 @@ std::shared_ptr<Work> ProcessGroupGloo::allgather(const std::vector<at::Tensor>&
           outputs[r].view({-1}).copy_(flat.narrow(0, r * input.numel(), input.numel()));
         }
         return outputs;
-      });
+      }));
 }
 
 std::shared_ptr<Work> ProcessGroupGloo::allgather_into_tensor(const at::Tensor& output,
@@ -312,8 +322,12 @@ std::shared_ptr<Work> ProcessGroupGloo::allgather_into_tensor(const at::Tensor& 
                                                               const AllgatherOptions& options) {
   const std::string who = rank_prefix() + " allgather_into_tensor";
   internal::check_allgather_into_tensor(output, input, size(), who, kGlooRules);
+  internal::ContiguousArguments args;
+  const at::Tensor dense_output = args.output(output, who, "output");
+  const at::Tensor dense_input = args.input(input);
   return impl_->enqueue_input_output<gloo::AllgatherOptions>(
-      "allgather_into_tensor", resolve_timeout(options.timeout), output, input, &gloo::allgather);
+      "allgather_into_tensor", resolve_timeout(options.timeout), dense_output, dense_input, args,
+      &gloo::allgather);
 }
 
 std::shared_ptr<Work> ProcessGroupGloo::gather(const std::vector<at::Tensor>& outputs,
@@ -325,12 +339,14 @@ std::shared_ptr<Work> ProcessGroupGloo::gather(const std::vector<at::Tensor>& ou
   const int root = options.root_rank;
   const int size = this->size();
   auto context = impl_->context();
-  std::vector<at::Tensor> keep(outputs);
-  keep.push_back(input);
+  internal::ContiguousArguments args;
+  std::vector<at::Tensor> keep = args.outputs(outputs, who, "outputs");
+  keep.push_back(args.input(input));
   internal::Fingerprint fingerprint{"gather", input.scalar_type(), input.numel(), std::nullopt, root};
   return impl_->enqueue(
-      std::move(fingerprint), resolve_timeout(options.timeout), keep,
-      [outputs, input, root, size, is_root, context](uint32_t tag, std::chrono::milliseconds timeout) {
+      std::move(fingerprint), resolve_timeout(options.timeout), args.keep(keep),
+      args.wrap([outputs = std::vector<at::Tensor>(keep.begin(), keep.end() - 1), input = keep.back(),
+                 root, size, is_root, context](uint32_t tag, std::chrono::milliseconds timeout) {
         internal::HostStaging staging;
         auto host_input = staging.in(input);
         at::Tensor flat;
@@ -352,7 +368,7 @@ std::shared_ptr<Work> ProcessGroupGloo::gather(const std::vector<at::Tensor>& ou
           }
         }
         return outputs;
-      });
+      }));
 }
 
 std::shared_ptr<Work> ProcessGroupGloo::scatter(const at::Tensor& output,
@@ -363,12 +379,14 @@ std::shared_ptr<Work> ProcessGroupGloo::scatter(const at::Tensor& output,
   const bool is_root = rank() == options.root_rank;
   const int root = options.root_rank;
   auto context = impl_->context();
-  std::vector<at::Tensor> keep(inputs);
-  keep.push_back(output);
+  internal::ContiguousArguments args;
+  std::vector<at::Tensor> keep = args.inputs(inputs);
+  keep.push_back(args.output(output, who, "output"));
   internal::Fingerprint fingerprint{"scatter", output.scalar_type(), output.numel(), std::nullopt, root};
   return impl_->enqueue(
-      std::move(fingerprint), resolve_timeout(options.timeout), keep,
-      [output, inputs, root, is_root, context](uint32_t tag, std::chrono::milliseconds timeout) {
+      std::move(fingerprint), resolve_timeout(options.timeout), args.keep(keep),
+      args.wrap([output = keep.back(), inputs = std::vector<at::Tensor>(keep.begin(), keep.end() - 1),
+                 root, is_root, context](uint32_t tag, std::chrono::milliseconds timeout) {
         internal::HostStaging staging;
         auto host_output = staging.in(output);
         if (output.numel() > 0) {
@@ -391,28 +409,37 @@ std::shared_ptr<Work> ProcessGroupGloo::scatter(const at::Tensor& output,
         }
         staging.copy_back();
         return std::vector<at::Tensor>{output};
-      });
+      }));
 }
 
 std::shared_ptr<Work> ProcessGroupGloo::reduce_scatter(const at::Tensor& output,
                                                        const std::vector<at::Tensor>& inputs,
                                                        const ReduceScatterOptions& options) {
   const std::string who = rank_prefix() + " reduce_scatter";
-  internal::check_reduce_scatter(output, inputs, size(), who, kGlooRules);
+  internal::check_reduce_scatter(output, inputs, rank(), size(), who, kGlooRules);
   auto kernel = checked_kernel(output.scalar_type(), options.op, who);
   const ReduceOp op = options.op;
   const int size = this->size();
-  const int rank = this->rank();
   auto context = impl_->context();
-  std::vector<at::Tensor> keep(inputs);
-  keep.push_back(output);
+  internal::ContiguousArguments args;
+  std::vector<at::Tensor> keep = args.inputs(inputs);
+  keep.push_back(args.output(output, who, "output"));
+  // Chunks may differ in size (inputs[r] is rank r's): ours starts after
+  // the lower ranks' chunks.
+  int64_t offset = 0;
+  int64_t total = 0;
+  for (size_t r = 0; r < inputs.size(); ++r) {
+    offset += static_cast<int>(r) < rank() ? inputs[r].numel() : 0;
+    total += inputs[r].numel();
+  }
   // Gloo has no typed reduce-scatter for every dtype: we allreduce the packed
   // inputs and keep our chunk. That moves twice the minimum bytes; NCCL has a
   // native one.
-  internal::Fingerprint fingerprint{"reduce_scatter", output.scalar_type(), output.numel(), op};
+  internal::Fingerprint fingerprint{"reduce_scatter", output.scalar_type(), total, op};
   return impl_->enqueue(
-      std::move(fingerprint), resolve_timeout(options.timeout), keep,
-      [output, inputs, kernel, op, size, rank, context](uint32_t tag, std::chrono::milliseconds timeout) {
+      std::move(fingerprint), resolve_timeout(options.timeout), args.keep(keep),
+      args.wrap([output = keep.back(), inputs = std::vector<at::Tensor>(keep.begin(), keep.end() - 1),
+                 kernel, op, size, offset, context](uint32_t tag, std::chrono::milliseconds timeout) {
         std::vector<at::Tensor> views;
         for (const auto& t : inputs) {
           views.push_back(t.reshape({-1}).cpu());
@@ -429,17 +456,20 @@ std::shared_ptr<Work> ProcessGroupGloo::reduce_scatter(const at::Tensor& output,
             flat.div_(size);
           }
         }
-        output.view({-1}).copy_(flat.narrow(0, rank * output.numel(), output.numel()));
+        output.view({-1}).copy_(flat.narrow(0, offset, output.numel()));
         return std::vector<at::Tensor>{output};
-      });
+      }));
 }
 
 std::shared_ptr<Work> ProcessGroupGloo::alltoall(const at::Tensor& output, const at::Tensor& input,
                                                  const AlltoallOptions& options) {
   const std::string who = rank_prefix() + " alltoall";
   internal::check_alltoall(output, input, size(), who, kGlooRules);
+  internal::ContiguousArguments args;
+  const at::Tensor dense_output = args.output(output, who, "output");
+  const at::Tensor dense_input = args.input(input);
   return impl_->enqueue_input_output<gloo::AlltoallOptions>(
-      "alltoall", resolve_timeout(options.timeout), output, input, &gloo::alltoall);
+      "alltoall", resolve_timeout(options.timeout), dense_output, dense_input, args, &gloo::alltoall);
 }
 
 std::shared_ptr<Work> ProcessGroupGloo::barrier(const BarrierOptions& options) {
@@ -481,7 +511,7 @@ std::shared_ptr<Work> ProcessGroupGloo::Impl::start_point_to_point(bool is_send,
                                            const at::Tensor& tensor, int peer,
                                            const PointToPointOptions& options,
                                            std::chrono::milliseconds timeout, const std::string& who) {
-  at::Tensor host = internal::PointToPointWork::host_buffer(tensor, is_send);
+  at::Tensor host = internal::PointToPointWork::host_buffer(tensor, is_send, who);
   auto buffer = context_->createUnboundBuffer(host.data_ptr(), host.nbytes());
   const uint64_t slot = gloo::Slot::build(kPointToPointSlotPrefix, static_cast<uint32_t>(options.tag));
   try {

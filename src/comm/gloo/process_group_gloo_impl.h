@@ -26,6 +26,7 @@
 #include <ddp/comm/error.h>
 
 #include "comm/fingerprint.h"
+#include "comm/contiguous_arguments.h"
 #include "comm/gloo/gloo_api.h"
 #include "comm/gloo/gloo_errors.h"
 #include "comm/gloo/gloo_rendezvous.h"
@@ -134,17 +135,19 @@ class DDP_GLOO_HIDDEN ProcessGroupGloo::Impl {
   }
 
   // Queues a Gloo algorithm that reads all of `input` and writes all of
-  // `output` (allgather into one tensor, alltoall).
+  // `output` (allgather into one tensor, alltoall); `args` made them
+  // contiguous (Note [Non-contiguous arguments]).
   // `algorithm` is the Gloo function (its options are const in some Gloo
   // versions and not in others).
   template <typename GlooOptions, typename Algorithm>
   std::shared_ptr<Work> enqueue_input_output(const char* op_name, std::chrono::milliseconds timeout,
                                              const at::Tensor& output, const at::Tensor& input,
+                                             const internal::ContiguousArguments& args,
                                              Algorithm algorithm) {
     auto context = context_;
     internal::Fingerprint fingerprint{op_name, input.scalar_type(), input.numel()};
-    return enqueue(std::move(fingerprint), timeout, {output, input},
-                   [output, input, context, algorithm](uint32_t tag, std::chrono::milliseconds timeout) {
+    return enqueue(std::move(fingerprint), timeout, args.keep({output, input}),
+                   args.wrap([output, input, context, algorithm](uint32_t tag, std::chrono::milliseconds timeout) {
                      internal::HostStaging staging;
                      auto host_input = staging.in(input);
                      auto host_output = staging.in(output);
@@ -158,7 +161,7 @@ class DDP_GLOO_HIDDEN ProcessGroupGloo::Impl {
                      }
                      staging.copy_back();
                      return std::vector<at::Tensor>{output};
-                   });
+                   }));
   }
 
   std::shared_ptr<gloo::Context> context() const {

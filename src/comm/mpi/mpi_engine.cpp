@@ -199,7 +199,7 @@ std::shared_ptr<Work> MpiEngine::post_point_to_point(bool is_send, const at::Ten
   if (broken) {
     return failed_work(name, timeout);
   }
-  at::Tensor host = PointToPointWork::host_buffer(tensor, is_send);
+  at::Tensor host = PointToPointWork::host_buffer(tensor, is_send, name);
   MPI_Request request = MPI_REQUEST_NULL;
   const int count = static_cast<int>(tensor.numel()); // checked by the caller
   const MPI_Datatype datatype = datatype_of(tensor.scalar_type());

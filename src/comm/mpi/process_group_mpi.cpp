@@ -24,6 +24,7 @@
 #include <ddp/comm/error.h>
 
 #include "comm/collective_checks.h"
+#include "comm/contiguous_arguments.h"
 #include "comm/fingerprint.h"
 #include "comm/host_staging.h"
 #include "comm/mpi/mpi_engine.h"
@@ -69,8 +70,6 @@ constexpr int64_t kMaxCount = INT_MAX;
 // Checks one tensor argument; `who` is "[rank R/W] op", `what` names it.
 void check_tensor(const at::Tensor& t, const std::string& who, const std::string& what) {
   DDP_CHECK(t.defined(), who, ": ", what, " is an undefined tensor");
-  DDP_CHECK(t.is_contiguous(), who, ": ", what, " must be contiguous (got sizes ", t.sizes(),
-            " with strides ", t.strides(), "); pass tensor.contiguous() and copy the result back");
   DDP_CHECK(t.is_cpu() || t.is_cuda(), who, ": ", what, " is on device ", t.device(),
             "; the MPI backend takes CPU or CUDA tensors");
   DDP_CHECK(internal::is_supported_dtype(t.scalar_type()), who, ": ", what, " has dtype ",
@@ -273,6 +272,11 @@ std::shared_ptr<Work> ProcessGroupMPI::allreduce_coalesced(const std::vector<at:
   }
   internal::check_coalesced(tensors, who, kMpiRules);
   check_reducible(tensors[0].scalar_type(), options.op, who);
+  // Stand-ins for non-contiguous tensors: Note [Non-contiguous arguments].
+  internal::ContiguousArguments args;
+  const std::vector<at::Tensor> dense = tensors.size() == 1
+      ? std::vector<at::Tensor>{args.output(tensors[0], who, "tensor")}
+      : args.outputs(tensors, who, "tensors");
   const auto reduction = mpi::reduction_of(tensors[0].scalar_type(), options.op);
   const bool average = options.op == ReduceOp::kAvg;
   const int size = this->size();
@@ -291,9 +295,9 @@ std::shared_ptr<Work> ProcessGroupMPI::allreduce_coalesced(const std::vector<at:
   mpi::SharedBuffers* shared = &impl_->shared;
   return impl_->engine.enqueue(
       internal::Fingerprint{"allreduce", tensors[0].scalar_type(), total_numel(tensors), options.op},
-      resolve_timeout(options.timeout), tensors, bytes,
-      [tensors, reduction, average, size, rank, ring, try_shared, bytes, kernel, scratch,
-       shared](MPI_Comm comm) {
+      resolve_timeout(options.timeout), args.keep(dense), bytes,
+      args.wrap([tensors = dense, reduction, average, size, rank, ring, try_shared, bytes, kernel,
+                 scratch, shared](MPI_Comm comm) {
         // Note [MPI shared buffers]: every rank asks whether they all pass
         // the same range of one shared buffer once the group has any.
         if (try_shared && shared->any_allocated()) {
@@ -328,7 +332,7 @@ std::shared_ptr<Work> ProcessGroupMPI::allreduce_coalesced(const std::vector<at:
           unpack(flat, tensors);
         }
         return tensors;
-      });
+      }));
 }
 
 std::shared_ptr<Work> ProcessGroupMPI::broadcast(const at::Tensor& tensor,
@@ -337,10 +341,12 @@ std::shared_ptr<Work> ProcessGroupMPI::broadcast(const at::Tensor& tensor,
   internal::check_rooted(tensor, options.root_rank, size(), who, kMpiRules);
   const int root = options.root_rank;
   const MPI_Datatype datatype = mpi::datatype_of(tensor.scalar_type());
+  internal::ContiguousArguments args;
+  const at::Tensor dense = args.output(tensor, who, "tensor");
   return impl_->engine.enqueue(
       internal::Fingerprint{"broadcast", tensor.scalar_type(), tensor.numel(), std::nullopt, root},
-      resolve_timeout(options.timeout), {tensor}, static_cast<int64_t>(tensor.nbytes()),
-      [tensor, root, datatype](MPI_Comm comm) {
+      resolve_timeout(options.timeout), args.keep({dense}), static_cast<int64_t>(tensor.nbytes()),
+      args.wrap([tensor = dense, root, datatype](MPI_Comm comm) {
         internal::HostStaging staging;
         const auto host = staging.in(tensor);
         in_pieces(host, [&](void* data, int count) {
@@ -348,7 +354,7 @@ std::shared_ptr<Work> ProcessGroupMPI::broadcast(const at::Tensor& tensor,
         });
         staging.copy_back();
         return std::vector<at::Tensor>{tensor};
-      });
+      }));
 }
 
 std::shared_ptr<Work> ProcessGroupMPI::reduce(const at::Tensor& tensor, const ReduceOptions& options) {
@@ -360,10 +366,12 @@ std::shared_ptr<Work> ProcessGroupMPI::reduce(const at::Tensor& tensor, const Re
   const bool is_root = rank() == root;
   const bool average = options.op == ReduceOp::kAvg;
   const int size = this->size();
+  internal::ContiguousArguments args;
+  const at::Tensor dense = args.output(tensor, who, "tensor");
   return impl_->engine.enqueue(
       internal::Fingerprint{"reduce", tensor.scalar_type(), tensor.numel(), options.op, root},
-      resolve_timeout(options.timeout), {tensor}, static_cast<int64_t>(tensor.nbytes()),
-      [tensor, reduction, root, is_root, average, size](MPI_Comm comm) {
+      resolve_timeout(options.timeout), args.keep({dense}), static_cast<int64_t>(tensor.nbytes()),
+      args.wrap([tensor = dense, reduction, root, is_root, average, size](MPI_Comm comm) {
         internal::HostStaging staging;
         const auto host = staging.in(tensor);
         in_pieces(host, [&](void* data, int count) {
@@ -377,7 +385,7 @@ std::shared_ptr<Work> ProcessGroupMPI::reduce(const at::Tensor& tensor, const Re
         }
         staging.copy_back();
         return std::vector<at::Tensor>{tensor};
-      });
+      }));
 }
 
 std::shared_ptr<Work> ProcessGroupMPI::allgather(const std::vector<at::Tensor>& outputs,
@@ -387,12 +395,14 @@ std::shared_ptr<Work> ProcessGroupMPI::allgather(const std::vector<at::Tensor>& 
   internal::check_allgather(outputs, input, size(), who, kMpiRules);
   const int count = checked_count(input.numel(), who, "input");
   const MPI_Datatype datatype = mpi::datatype_of(input.scalar_type());
-  std::vector<at::Tensor> tensors(outputs);
-  tensors.push_back(input);
+  internal::ContiguousArguments args;
+  std::vector<at::Tensor> tensors = args.outputs(outputs, who, "outputs");
+  tensors.push_back(args.input(input));
   return impl_->engine.enqueue(
       internal::Fingerprint{"allgather", input.scalar_type(), input.numel()},
-      resolve_timeout(options.timeout), tensors, static_cast<int64_t>(input.nbytes()),
-      [outputs, input, count, datatype](MPI_Comm comm) {
+      resolve_timeout(options.timeout), args.keep(tensors), static_cast<int64_t>(input.nbytes()),
+      args.wrap([outputs = std::vector<at::Tensor>(tensors.begin(), tensors.end() - 1),
+                 input = tensors.back(), count, datatype](MPI_Comm comm) {
         const auto host_input = input.cpu();
         auto flat = at::empty({static_cast<int64_t>(outputs.size()) * input.numel()}, host_input.options());
         if (count > 0) {
@@ -402,7 +412,7 @@ std::shared_ptr<Work> ProcessGroupMPI::allgather(const std::vector<at::Tensor>& 
         }
         unpack(flat, outputs);
         return outputs;
-      });
+      }));
 }
 
 std::shared_ptr<Work> ProcessGroupMPI::allgather_into_tensor(const at::Tensor& output,
@@ -412,10 +422,14 @@ std::shared_ptr<Work> ProcessGroupMPI::allgather_into_tensor(const at::Tensor& o
   internal::check_allgather_into_tensor(output, input, size(), who, kMpiRules);
   const int count = checked_count(input.numel(), who, "input");
   const MPI_Datatype datatype = mpi::datatype_of(input.scalar_type());
+  internal::ContiguousArguments args;
+  const at::Tensor dense_output = args.output(output, who, "output");
+  const at::Tensor dense_input = args.input(input);
   return impl_->engine.enqueue(
       internal::Fingerprint{"allgather_into_tensor", input.scalar_type(), input.numel()},
-      resolve_timeout(options.timeout), {output, input},
-      static_cast<int64_t>(input.nbytes()), [output, input, count, datatype](MPI_Comm comm) {
+      resolve_timeout(options.timeout), args.keep({dense_output, dense_input}),
+      static_cast<int64_t>(input.nbytes()),
+      args.wrap([output = dense_output, input = dense_input, count, datatype](MPI_Comm comm) {
         internal::HostStaging staging;
         const auto host_output = staging.in(output);
         const auto host_input = separate_input(input.cpu(), host_output);
@@ -426,7 +440,7 @@ std::shared_ptr<Work> ProcessGroupMPI::allgather_into_tensor(const at::Tensor& o
         }
         staging.copy_back();
         return std::vector<at::Tensor>{output};
-      });
+      }));
 }
 
 std::shared_ptr<Work> ProcessGroupMPI::gather(const std::vector<at::Tensor>& outputs,
@@ -438,12 +452,14 @@ std::shared_ptr<Work> ProcessGroupMPI::gather(const std::vector<at::Tensor>& out
   const int root = options.root_rank;
   const bool is_root = rank() == root;
   const int size = this->size();
-  std::vector<at::Tensor> tensors(outputs);
-  tensors.push_back(input);
+  internal::ContiguousArguments args;
+  std::vector<at::Tensor> tensors = args.outputs(outputs, who, "outputs");
+  tensors.push_back(args.input(input));
   return impl_->engine.enqueue(
       internal::Fingerprint{"gather", input.scalar_type(), input.numel(), std::nullopt, root},
-      resolve_timeout(options.timeout), tensors, static_cast<int64_t>(input.nbytes()),
-      [outputs, input, count, datatype, root, is_root, size](MPI_Comm comm) {
+      resolve_timeout(options.timeout), args.keep(tensors), static_cast<int64_t>(input.nbytes()),
+      args.wrap([outputs = std::vector<at::Tensor>(tensors.begin(), tensors.end() - 1),
+                 input = tensors.back(), count, datatype, root, is_root, size](MPI_Comm comm) {
         const auto host_input = input.cpu();
         at::Tensor flat;
         if (is_root) {
@@ -458,7 +474,7 @@ std::shared_ptr<Work> ProcessGroupMPI::gather(const std::vector<at::Tensor>& out
           unpack(flat, outputs);
         }
         return outputs;
-      });
+      }));
 }
 
 std::shared_ptr<Work> ProcessGroupMPI::scatter(const at::Tensor& output,
@@ -470,12 +486,14 @@ std::shared_ptr<Work> ProcessGroupMPI::scatter(const at::Tensor& output,
   const MPI_Datatype datatype = mpi::datatype_of(output.scalar_type());
   const int root = options.root_rank;
   const bool is_root = rank() == root;
-  std::vector<at::Tensor> tensors(inputs);
-  tensors.push_back(output);
+  internal::ContiguousArguments args;
+  std::vector<at::Tensor> tensors = args.inputs(inputs);
+  tensors.push_back(args.output(output, who, "output"));
   return impl_->engine.enqueue(
       internal::Fingerprint{"scatter", output.scalar_type(), output.numel(), std::nullopt, root},
-      resolve_timeout(options.timeout), tensors, static_cast<int64_t>(output.nbytes()),
-      [output, inputs, count, datatype, root, is_root](MPI_Comm comm) {
+      resolve_timeout(options.timeout), args.keep(tensors), static_cast<int64_t>(output.nbytes()),
+      args.wrap([output = tensors.back(), inputs = std::vector<at::Tensor>(tensors.begin(), tensors.end() - 1),
+                 count, datatype, root, is_root](MPI_Comm comm) {
         internal::HostStaging staging;
         const auto host_output = staging.in(output);
         // Packed into a new buffer, so that it never overlaps the output.
@@ -487,40 +505,58 @@ std::shared_ptr<Work> ProcessGroupMPI::scatter(const at::Tensor& output,
         }
         staging.copy_back();
         return std::vector<at::Tensor>{output};
-      });
+      }));
 }
 
 std::shared_ptr<Work> ProcessGroupMPI::reduce_scatter(const at::Tensor& output,
                                                       const std::vector<at::Tensor>& inputs,
                                                       const ReduceScatterOptions& options) {
   const std::string who = rank_prefix() + " reduce_scatter";
-  internal::check_reduce_scatter(output, inputs, size(), who, kMpiRules);
+  internal::check_reduce_scatter(output, inputs, rank(), size(), who, kMpiRules);
   check_reducible(output.scalar_type(), options.op, who);
-  const int count = checked_count(output.numel(), who, "output");
   const auto reduction = mpi::reduction_of(output.scalar_type(), options.op);
   const bool average = options.op == ReduceOp::kAvg;
   const int size = this->size();
-  std::vector<at::Tensor> tensors(inputs);
-  tensors.push_back(output);
+  // Chunks may differ in size (inputs[r] is rank r's), then
+  // MPI_Reduce_scatter takes every rank's count.
+  std::vector<int> counts;
+  int64_t total = 0;
+  for (size_t r = 0; r < inputs.size(); ++r) {
+    counts.push_back(checked_count(inputs[r].numel(), who, c10::str("inputs[", r, "]").c_str()));
+    total += inputs[r].numel();
+  }
+  checked_count(total, who, "the inputs together");
+  const bool even = std::all_of(counts.begin(), counts.end(), [&](int c) { return c == counts[0]; });
+  internal::ContiguousArguments args;
+  std::vector<at::Tensor> tensors = args.inputs(inputs);
+  tensors.push_back(args.output(output, who, "output"));
   return impl_->engine.enqueue(
-      internal::Fingerprint{"reduce_scatter", output.scalar_type(), output.numel(), options.op},
-      resolve_timeout(options.timeout), tensors, bytes_of(inputs),
-      [output, inputs, count, reduction, average, size](MPI_Comm comm) {
+      internal::Fingerprint{"reduce_scatter", output.scalar_type(), total, options.op},
+      resolve_timeout(options.timeout), args.keep(tensors), bytes_of(inputs),
+      args.wrap([output = tensors.back(), inputs = std::vector<at::Tensor>(tensors.begin(), tensors.end() - 1),
+                 counts, total, even, reduction, average, size](MPI_Comm comm) {
         internal::HostStaging staging;
         const auto host_output = staging.in(output);
         // A new buffer: the inputs may share storage with the output.
         const auto flat = packed_on_host(inputs);
-        if (count > 0) {
-          mpi::check_mpi(MPI_Reduce_scatter_block(flat.data_ptr(), host_output.data_ptr(), count,
-                                                  reduction.datatype, reduction.op, comm),
-                         "MPI_Reduce_scatter_block");
-          if (average) {
+        if (total > 0) {
+          if (even) {
+            mpi::check_mpi(MPI_Reduce_scatter_block(flat.data_ptr(), host_output.data_ptr(),
+                                                    counts[0], reduction.datatype, reduction.op,
+                                                    comm),
+                           "MPI_Reduce_scatter_block");
+          } else {
+            mpi::check_mpi(MPI_Reduce_scatter(flat.data_ptr(), host_output.data_ptr(),
+                                              counts.data(), reduction.datatype, reduction.op, comm),
+                           "MPI_Reduce_scatter");
+          }
+          if (average && host_output.numel() > 0) {
             host_output.div_(size);
           }
         }
         staging.copy_back();
         return std::vector<at::Tensor>{output};
-      });
+      }));
 }
 
 std::shared_ptr<Work> ProcessGroupMPI::alltoall(const at::Tensor& output, const at::Tensor& input,
@@ -530,10 +566,14 @@ std::shared_ptr<Work> ProcessGroupMPI::alltoall(const at::Tensor& output, const 
   checked_count(input.numel(), who, "input");
   const int count = static_cast<int>(input.numel() / size()); // per rank
   const MPI_Datatype datatype = mpi::datatype_of(input.scalar_type());
+  internal::ContiguousArguments args;
+  const at::Tensor dense_output = args.output(output, who, "output");
+  const at::Tensor dense_input = args.input(input);
   return impl_->engine.enqueue(
       internal::Fingerprint{"alltoall", input.scalar_type(), input.numel()},
-      resolve_timeout(options.timeout), {output, input},
-      static_cast<int64_t>(input.nbytes()), [output, input, count, datatype](MPI_Comm comm) {
+      resolve_timeout(options.timeout), args.keep({dense_output, dense_input}),
+      static_cast<int64_t>(input.nbytes()),
+      args.wrap([output = dense_output, input = dense_input, count, datatype](MPI_Comm comm) {
         internal::HostStaging staging;
         const auto host_output = staging.in(output);
         const auto host_input = separate_input(input.cpu(), host_output);
@@ -544,7 +584,7 @@ std::shared_ptr<Work> ProcessGroupMPI::alltoall(const at::Tensor& output, const 
         }
         staging.copy_back();
         return std::vector<at::Tensor>{output};
-      });
+      }));
 }
 
 std::shared_ptr<Work> ProcessGroupMPI::barrier(const BarrierOptions& options) {

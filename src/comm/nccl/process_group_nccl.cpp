@@ -19,9 +19,12 @@
 #include <ATen/ATen.h>
 #include <c10/cuda/CUDAFunctions.h>
 
+#include <algorithm>
+
 #include <ddp/comm/error.h>
 
 #include "comm/collective_checks.h"
+#include "comm/contiguous_arguments.h"
 #include "comm/nccl/nccl_engine.h"
 #include "comm/nccl/nccl_support.h"
 #include "internal/check.h"
@@ -110,8 +113,6 @@ void check_tensor(const at::Tensor& t, const std::string& who, const std::string
             "; the NCCL backend takes CUDA tensors on this process's GPU (use a Gloo group for "
             "CPU tensors)");
   DDP_CHECK(!t.is_sparse(), who, ": ", what, " is sparse; only dense tensors are supported");
-  DDP_CHECK(t.is_contiguous(), who, ": ", what, " must be contiguous (got sizes ", t.sizes(),
-            " with strides ", t.strides(), "); pass tensor.contiguous() and copy the result back");
 }
 
 // NCCL's rules for the checks of collective_checks.h.
@@ -135,6 +136,25 @@ std::function<void()> divide_by(std::vector<at::Tensor> tensors, int size) {
   };
 }
 
+// Launches `op`, whose tensors include the stand-ins of `args`: the
+// caller's tensors are kept too, the stand-ins of outputs are written back on
+// the communicator's stream after the operation (with its other ATen work),
+// and the Work's result holds the caller's tensors.
+std::shared_ptr<Work> launch_with(internal::NcclEngine& engine, internal::NcclOp op,
+                                  const internal::ContiguousArguments& args) {
+  if (args.any()) {
+    op.tensors = args.keep(std::move(op.tensors));
+    op.outputs = args.originals(std::move(op.outputs));
+    op.finish = [finish = std::move(op.finish), args] {
+      if (finish) {
+        finish();
+      }
+      args.copy_back();
+    };
+  }
+  return engine.launch(std::move(op));
+}
+
 } // namespace
 
 // ---- Collectives -------------------------------------------------------------------------
@@ -144,10 +164,15 @@ std::shared_ptr<Work> ProcessGroupNCCL::allreduce(const at::Tensor& tensor,
   return allreduce_coalesced({tensor}, options);
 }
 
-std::shared_ptr<Work> ProcessGroupNCCL::allreduce_coalesced(const std::vector<at::Tensor>& tensors,
+std::shared_ptr<Work> ProcessGroupNCCL::allreduce_coalesced(const std::vector<at::Tensor>& given_tensors,
                                                             const AllreduceOptions& options) {
   const std::string who = rank_prefix() + " allreduce";
-  internal::check_coalesced(tensors, who, kNcclRules);
+  internal::check_coalesced(given_tensors, who, kNcclRules);
+  // Stand-ins for non-contiguous tensors: Note [Non-contiguous arguments].
+  internal::ContiguousArguments args;
+  const std::vector<at::Tensor> tensors = given_tensors.size() == 1
+      ? std::vector<at::Tensor>{args.output(given_tensors[0], who, "tensor")}
+      : args.outputs(given_tensors, who, "tensors");
   const auto reduction = internal::nccl_reduction(tensors[0].scalar_type(), options.op, who);
 
   int64_t numel = 0;
@@ -176,13 +201,16 @@ std::shared_ptr<Work> ProcessGroupNCCL::allreduce_coalesced(const std::vector<at
   if (reduction.divide_after) {
     op.finish = divide_by(tensors, size());
   }
-  return impl_->engine.launch(std::move(op));
+  return launch_with(impl_->engine, std::move(op), args);
 }
 
-std::shared_ptr<Work> ProcessGroupNCCL::broadcast(const at::Tensor& tensor,
+std::shared_ptr<Work> ProcessGroupNCCL::broadcast(const at::Tensor& given_tensor,
                                                   const BroadcastOptions& options) {
   const std::string who = rank_prefix() + " broadcast";
-  internal::check_rooted(tensor, options.root_rank, size(), who, kNcclRules);
+  internal::check_rooted(given_tensor, options.root_rank, size(), who, kNcclRules);
+  // Stand-ins for non-contiguous tensors: Note [Non-contiguous arguments].
+  internal::ContiguousArguments args;
+  const at::Tensor tensor = args.output(given_tensor, who, "tensor");
   const int root = options.root_rank;
 
   internal::NcclOp op;
@@ -201,12 +229,15 @@ std::shared_ptr<Work> ProcessGroupNCCL::broadcast(const at::Tensor& tensor,
                            comm, what + ": ncclBroadcast");
     }
   };
-  return impl_->engine.launch(std::move(op));
+  return launch_with(impl_->engine, std::move(op), args);
 }
 
-std::shared_ptr<Work> ProcessGroupNCCL::reduce(const at::Tensor& tensor, const ReduceOptions& options) {
+std::shared_ptr<Work> ProcessGroupNCCL::reduce(const at::Tensor& given_tensor, const ReduceOptions& options) {
   const std::string who = rank_prefix() + " reduce";
-  internal::check_rooted(tensor, options.root_rank, size(), who, kNcclRules);
+  internal::check_rooted(given_tensor, options.root_rank, size(), who, kNcclRules);
+  // Stand-ins for non-contiguous tensors: Note [Non-contiguous arguments].
+  internal::ContiguousArguments args;
+  const at::Tensor tensor = args.output(given_tensor, who, "tensor");
   const auto reduction = internal::nccl_reduction(tensor.scalar_type(), options.op, who);
   const int root = options.root_rank;
 
@@ -228,14 +259,18 @@ std::shared_ptr<Work> ProcessGroupNCCL::reduce(const at::Tensor& tensor, const R
   if (reduction.divide_after && rank() == root) {
     op.finish = divide_by({tensor}, size());
   }
-  return impl_->engine.launch(std::move(op));
+  return launch_with(impl_->engine, std::move(op), args);
 }
 
-std::shared_ptr<Work> ProcessGroupNCCL::allgather(const std::vector<at::Tensor>& outputs,
-                                                  const at::Tensor& input,
+std::shared_ptr<Work> ProcessGroupNCCL::allgather(const std::vector<at::Tensor>& given_outputs,
+                                                  const at::Tensor& given_input,
                                                   const AllgatherOptions& options) {
   const std::string who = rank_prefix() + " allgather";
-  internal::check_allgather(outputs, input, size(), who, kNcclRules);
+  internal::check_allgather(given_outputs, given_input, size(), who, kNcclRules);
+  // Stand-ins for non-contiguous tensors: Note [Non-contiguous arguments].
+  internal::ContiguousArguments args;
+  const std::vector<at::Tensor> outputs = args.outputs(given_outputs, who, "outputs");
+  const at::Tensor input = args.input(given_input);
   // NCCL gathers into one buffer; the copies into `outputs` follow on the
   // communicator's stream.
   const auto flat = at::empty({size() * input.numel()}, input.options());
@@ -262,14 +297,18 @@ std::shared_ptr<Work> ProcessGroupNCCL::allgather(const std::vector<at::Tensor>&
       outputs[r].view({-1}).copy_(flat.narrow(0, static_cast<int64_t>(r) * n, n));
     }
   };
-  return impl_->engine.launch(std::move(op));
+  return launch_with(impl_->engine, std::move(op), args);
 }
 
-std::shared_ptr<Work> ProcessGroupNCCL::allgather_into_tensor(const at::Tensor& output,
-                                                              const at::Tensor& input,
+std::shared_ptr<Work> ProcessGroupNCCL::allgather_into_tensor(const at::Tensor& given_output,
+                                                              const at::Tensor& given_input,
                                                               const AllgatherOptions& options) {
   const std::string who = rank_prefix() + " allgather_into_tensor";
-  internal::check_allgather_into_tensor(output, input, size(), who, kNcclRules);
+  internal::check_allgather_into_tensor(given_output, given_input, size(), who, kNcclRules);
+  // Stand-ins for non-contiguous tensors: Note [Non-contiguous arguments].
+  internal::ContiguousArguments args;
+  const at::Tensor output = args.output(given_output, who, "output");
+  const at::Tensor input = args.input(given_input);
 
   internal::NcclOp op;
   op.op_name = "allgather_into_tensor";
@@ -286,14 +325,18 @@ std::shared_ptr<Work> ProcessGroupNCCL::allgather_into_tensor(const at::Tensor& 
                            comm, what + ": ncclAllGather");
     }
   };
-  return impl_->engine.launch(std::move(op));
+  return launch_with(impl_->engine, std::move(op), args);
 }
 
-std::shared_ptr<Work> ProcessGroupNCCL::gather(const std::vector<at::Tensor>& outputs,
-                                               const at::Tensor& input,
+std::shared_ptr<Work> ProcessGroupNCCL::gather(const std::vector<at::Tensor>& given_outputs,
+                                               const at::Tensor& given_input,
                                                const GatherOptions& options) {
   const std::string who = rank_prefix() + " gather";
-  internal::check_gather(outputs, input, rank(), options.root_rank, size(), who, kNcclRules);
+  internal::check_gather(given_outputs, given_input, rank(), options.root_rank, size(), who, kNcclRules);
+  // Stand-ins for non-contiguous tensors: Note [Non-contiguous arguments].
+  internal::ContiguousArguments args;
+  const std::vector<at::Tensor> outputs = args.outputs(given_outputs, who, "outputs");
+  const at::Tensor input = args.input(given_input);
   const bool is_root = rank() == options.root_rank;
   const int root = options.root_rank;
   const int rank = this->rank();
@@ -330,14 +373,18 @@ std::shared_ptr<Work> ProcessGroupNCCL::gather(const std::vector<at::Tensor>& ou
       }
     }
   };
-  return impl_->engine.launch(std::move(op));
+  return launch_with(impl_->engine, std::move(op), args);
 }
 
-std::shared_ptr<Work> ProcessGroupNCCL::scatter(const at::Tensor& output,
-                                                const std::vector<at::Tensor>& inputs,
+std::shared_ptr<Work> ProcessGroupNCCL::scatter(const at::Tensor& given_output,
+                                                const std::vector<at::Tensor>& given_inputs,
                                                 const ScatterOptions& options) {
   const std::string who = rank_prefix() + " scatter";
-  internal::check_scatter(output, inputs, rank(), options.root_rank, size(), who, kNcclRules);
+  internal::check_scatter(given_output, given_inputs, rank(), options.root_rank, size(), who, kNcclRules);
+  // Stand-ins for non-contiguous tensors: Note [Non-contiguous arguments].
+  internal::ContiguousArguments args;
+  const at::Tensor output = args.output(given_output, who, "output");
+  const std::vector<at::Tensor> inputs = args.inputs(given_inputs);
   const bool is_root = rank() == options.root_rank;
   const int root = options.root_rank;
   const int rank = this->rank();
@@ -372,14 +419,18 @@ std::shared_ptr<Work> ProcessGroupNCCL::scatter(const at::Tensor& output,
       }
     }
   };
-  return impl_->engine.launch(std::move(op));
+  return launch_with(impl_->engine, std::move(op), args);
 }
 
-std::shared_ptr<Work> ProcessGroupNCCL::reduce_scatter(const at::Tensor& output,
-                                                       const std::vector<at::Tensor>& inputs,
+std::shared_ptr<Work> ProcessGroupNCCL::reduce_scatter(const at::Tensor& given_output,
+                                                       const std::vector<at::Tensor>& given_inputs,
                                                        const ReduceScatterOptions& options) {
   const std::string who = rank_prefix() + " reduce_scatter";
-  internal::check_reduce_scatter(output, inputs, size(), who, kNcclRules);
+  internal::check_reduce_scatter(given_output, given_inputs, rank(), size(), who, kNcclRules);
+  // Stand-ins for non-contiguous tensors: Note [Non-contiguous arguments].
+  internal::ContiguousArguments args;
+  const at::Tensor output = args.output(given_output, who, "output");
+  const std::vector<at::Tensor> inputs = args.inputs(given_inputs);
   const auto reduction = internal::nccl_reduction(output.scalar_type(), options.op, who);
   // NCCL reduces one buffer holding every rank's chunk; packing it runs on
   // the caller's stream, which the operation waits for.
@@ -390,34 +441,67 @@ std::shared_ptr<Work> ProcessGroupNCCL::reduce_scatter(const at::Tensor& output,
   }
   const auto flat = at::cat(views);
 
+  // Chunks may differ in size (inputs[r] is rank r's): NCCL's reduce-scatter
+  // takes equal ones, so uneven chunks are one ncclReduce per rank, rooted
+  // at that rank, in one group (as PyTorch's NCCL backend does).
+  std::vector<int64_t> offsets;
+  std::vector<int64_t> counts;
+  int64_t total = 0;
+  for (const auto& t : inputs) {
+    offsets.push_back(total);
+    counts.push_back(t.numel());
+    total += t.numel();
+  }
+  const bool even = std::all_of(counts.begin(), counts.end(),
+                                [&](int64_t c) { return c == counts[0]; });
+
   internal::NcclOp op;
   op.op_name = "reduce_scatter";
-  op.fingerprint =
-      internal::Fingerprint{"reduce_scatter", output.scalar_type(), output.numel(), options.op};
+  op.fingerprint = internal::Fingerprint{"reduce_scatter", output.scalar_type(), total, options.op};
   op.device = device_index_of(output);
   op.timeout = resolve_timeout(options.timeout);
   op.tensors = inputs;
   op.tensors.push_back(output);
   op.tensors.push_back(flat);
   op.outputs = {output};
-  op.issue = [output, flat, reduction](ncclComm_t comm, cudaStream_t stream, const std::string& what) {
-    const size_t count = reduction.count(output);
-    if (count > 0) {
-      internal::check_nccl(ncclReduceScatter(flat.data_ptr(), output.data_ptr(), count,
-                                             reduction.type, reduction.op, comm, stream),
-                           comm, what + ": ncclReduceScatter");
+  op.issue = [output, flat, reduction, even, offsets, counts, rank = rank()](
+                 ncclComm_t comm, cudaStream_t stream, const std::string& what) {
+    if (even) {
+      const size_t count = reduction.count(output);
+      if (count > 0) {
+        internal::check_nccl(ncclReduceScatter(flat.data_ptr(), output.data_ptr(), count,
+                                               reduction.type, reduction.op, comm, stream),
+                             comm, what + ": ncclReduceScatter");
+      }
+      return;
+    }
+    for (size_t r = 0; r < counts.size(); ++r) {
+      if (counts[r] == 0) {
+        continue;
+      }
+      const at::Tensor chunk = flat.narrow(0, offsets[r], counts[r]);
+      // Only the root's receive buffer is written.
+      void* receive = static_cast<int>(r) == rank ? output.data_ptr() : chunk.data_ptr();
+      internal::check_nccl(ncclReduce(chunk.data_ptr(), receive, reduction.count(chunk),
+                                      reduction.type, reduction.op, static_cast<int>(r), comm,
+                                      stream),
+                           comm, what + ": ncclReduce");
     }
   };
   if (reduction.divide_after) {
     op.finish = divide_by({output}, size());
   }
-  return impl_->engine.launch(std::move(op));
+  return launch_with(impl_->engine, std::move(op), args);
 }
 
-std::shared_ptr<Work> ProcessGroupNCCL::alltoall(const at::Tensor& output, const at::Tensor& input,
+std::shared_ptr<Work> ProcessGroupNCCL::alltoall(const at::Tensor& given_output, const at::Tensor& given_input,
                                                  const AlltoallOptions& options) {
   const std::string who = rank_prefix() + " alltoall";
-  internal::check_alltoall(output, input, size(), who, kNcclRules);
+  internal::check_alltoall(given_output, given_input, size(), who, kNcclRules);
+  // Stand-ins for non-contiguous tensors: Note [Non-contiguous arguments].
+  internal::ContiguousArguments args;
+  const at::Tensor output = args.output(given_output, who, "output");
+  const at::Tensor input = args.input(given_input);
   const int size = this->size();
   const int rank = this->rank();
 
@@ -449,7 +533,7 @@ std::shared_ptr<Work> ProcessGroupNCCL::alltoall(const at::Tensor& output, const
                            comm, what + ": ncclRecv");
     }
   };
-  return impl_->engine.launch(std::move(op));
+  return launch_with(impl_->engine, std::move(op), args);
 }
 
 std::shared_ptr<Work> ProcessGroupNCCL::barrier(const BarrierOptions& options) {
@@ -478,11 +562,14 @@ std::shared_ptr<Work> ProcessGroupNCCL::barrier(const BarrierOptions& options) {
 
 // ---- Point to point --------------------------------------------------------------------------
 
-std::shared_ptr<Work> ProcessGroupNCCL::send(const at::Tensor& tensor, int dst_rank,
+std::shared_ptr<Work> ProcessGroupNCCL::send(const at::Tensor& given_tensor, int dst_rank,
                                              const PointToPointOptions& options) {
   const std::string who = rank_prefix() + " send";
-  internal::check_point_to_point(tensor, dst_rank, options.tag, rank(), size(), who, "destination",
+  internal::check_point_to_point(given_tensor, dst_rank, options.tag, rank(), size(), who, "destination",
                                  kNcclRules);
+  // Stand-ins for non-contiguous tensors: Note [Non-contiguous arguments].
+  internal::ContiguousArguments args;
+  const at::Tensor tensor = args.input(given_tensor);
 
   internal::NcclOp op;
   op.op_name = "send";
@@ -499,14 +586,17 @@ std::shared_ptr<Work> ProcessGroupNCCL::send(const at::Tensor& tensor, int dst_r
                            comm, what + ": ncclSend");
     }
   };
-  return impl_->engine.launch(std::move(op));
+  return launch_with(impl_->engine, std::move(op), args);
 }
 
-std::shared_ptr<Work> ProcessGroupNCCL::recv(const at::Tensor& tensor, int src_rank,
+std::shared_ptr<Work> ProcessGroupNCCL::recv(const at::Tensor& given_tensor, int src_rank,
                                              const PointToPointOptions& options) {
   const std::string who = rank_prefix() + " recv";
-  internal::check_point_to_point(tensor, src_rank, options.tag, rank(), size(), who, "source",
+  internal::check_point_to_point(given_tensor, src_rank, options.tag, rank(), size(), who, "source",
                                  kNcclRules);
+  // Stand-ins for non-contiguous tensors: Note [Non-contiguous arguments].
+  internal::ContiguousArguments args;
+  const at::Tensor tensor = args.output(given_tensor, who, "tensor");
 
   internal::NcclOp op;
   op.op_name = "recv";
@@ -523,7 +613,7 @@ std::shared_ptr<Work> ProcessGroupNCCL::recv(const at::Tensor& tensor, int src_r
                            comm, what + ": ncclRecv");
     }
   };
-  return impl_->engine.launch(std::move(op));
+  return launch_with(impl_->engine, std::move(op), args);
 }
 
 } // namespace ddp
