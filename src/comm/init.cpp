@@ -343,6 +343,34 @@ std::shared_ptr<ProcessGroup> create_mpi_group(const InitOptions& options, int r
 #endif
 }
 
+// Runs `step` of start-up on rank `rank` of `world_size`; a store or network
+// error that does not say which rank it happened on (the store's own
+// messages name the store, not the rank) is thrown again, of the same type,
+// with "[rank R/W] init_process_group: <stage>: " in front, so that every
+// rank's start-up error names it (tests/comm/init_exit_sweep.sh).
+template <typename Step>
+auto naming_rank(int rank, int world_size, const char* stage, Step step) {
+  const auto prefixed = [&](const std::exception& e) {
+    return c10::str("[rank ", rank, "/", world_size, "] init_process_group: ", stage, ": ", e.what());
+  };
+  const auto named = [](const std::exception& e) {
+    return std::string(e.what()).rfind("[rank ", 0) == 0;
+  };
+  try {
+    return step();
+  } catch (const TimeoutError& e) {
+    if (named(e)) {
+      throw;
+    }
+    throw TimeoutError(prefixed(e));
+  } catch (const IoError& e) {
+    if (named(e)) {
+      throw;
+    }
+    throw IoError(prefixed(e));
+  }
+}
+
 std::shared_ptr<ProcessGroup> create_group(std::shared_ptr<Store> store, int rank, int world_size,
                                            const InitOptions& options, const std::string& master_addr,
                                            const std::vector<int>& mpi_ranks = {}) {
@@ -469,20 +497,34 @@ std::shared_ptr<ProcessGroup> init_process_group(const InitOptions& options) {
                                           std::move(agent_store));
   } else {
     // See Note [Re-initialising on one port].
-    env_store = connect_env_store(info, options.timeout());
+    env_store = naming_rank(info.rank, info.world_size, "connecting to the store",
+                            [&] { return connect_env_store(info, options.timeout()); });
     store = env_store->store;
   }
+  internal::init_exit_point("store", info.rank);
   std::lock_guard<std::mutex> lock(default_group_mutex());
   DDP_CHECK(default_group_slot() == nullptr,
             "init_process_group: the default process group already exists; call "
             "ddp::destroy_process_group() before creating another");
-  default_group_slot() = create_group(store, info.rank, info.world_size, options, info.master_addr);
+  default_group_slot() =
+      naming_rank(info.rank, info.world_size, "creating the default group",
+                  [&] { return create_group(store, info.rank, info.world_size, options, info.master_addr); });
+  internal::init_exit_point("group", info.rank);
   set_default_context(store, info.master_addr, resolve_backend(options.backend()));
   if (env_store != nullptr) {
     if (info.rank != 0) {
       // This rank is done with the rendezvous's keys: rank 0 may close the
       // server once every rank has said so.
-      env_store->store->set(env_round_key(env_store->round, c10::str("joined/", info.rank)), "1");
+      try {
+        naming_rank(info.rank, info.world_size, "telling rank 0 that this rank has joined", [&] {
+          env_store->store->set(env_round_key(env_store->round, c10::str("joined/", info.rank)), "1");
+        });
+      } catch (const std::exception&) {
+        // Rank 0 is gone: nothing can be done with the group. No default
+        // group is left behind by a failed init_process_group().
+        default_group_slot().reset();
+        throw;
+      }
     }
     env_store_slot() = std::move(env_store);
   }

@@ -74,8 +74,16 @@ inline constexpr EnvVar kEnvTestCheckpointCrashAt{"DDP_TEST_CHECKPOINT_CRASH_AT"
     "SIGKILL (begin, optimizer-partial, optimizer-written, model-partial, model-written, "
     "committed, optimizer-renamed; see Note [Checkpoint crash points] in src/nn/checkpoint.cpp). "
     "Unset: never."};
+inline constexpr EnvVar kEnvTestInitExitAt{"DDP_TEST_INIT_EXIT_AT", nullptr,
+    "Tests only: <point>:<rank>: that rank leaves the process with _Exit(86) at that point of "
+    "init_process_group (store, arrived, gloo-connected, addresses, group; see Note [Start-up "
+    "exit points] in src/internal/internal.cpp). Unset: never."};
 
 // The variable's value, or its default, or nullopt when unset with no default.
 std::optional<std::string> env_get(const EnvVar& var);
+
+// Tests only: leaves the process at once when DDP_TEST_INIT_EXIT_AT names
+// `point` and `rank` (Note [Start-up exit points]).
+void init_exit_point(const char* point, int rank);
 
 } // namespace ddp::internal

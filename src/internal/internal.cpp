@@ -29,6 +29,24 @@ std::optional<std::string> env_get(const EnvVar& var) {
   return std::nullopt;
 }
 
+// Note [Start-up exit points]: DDP_TEST_INIT_EXIT_AT=<point>:<rank> makes
+// that rank leave the process with _Exit(86), as a crashed or killed rank
+// would leave it (no destructor, no goodbye on its sockets beyond the
+// kernel's closing them), when it reaches <point> of init_process_group:
+// store (the store connected, or served on rank 0), arrived (every rank has
+// arrived in the Gloo rendezvous), gloo-connected (Gloo's pairs
+// connected), addresses (the peer addresses exchanged), group (the group
+// created, before the rendezvous's last store write). The start-up sweep
+// (tests/comm/init_exit_sweep.sh) stops one rank at each and checks that
+// every other rank gets a catchable error naming its rank, in time.
+void init_exit_point(const char* point, int rank) {
+  static const std::optional<std::string> chosen = env_get(kEnvTestInitExitAt);
+  if (chosen && *chosen == std::string(point) + ":" + std::to_string(rank)) {
+    std::fflush(nullptr);
+    std::_Exit(86);
+  }
+}
+
 namespace {
 std::mutex& log_mutex() {
   static std::mutex mutex;

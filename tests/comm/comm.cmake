@@ -38,3 +38,15 @@ ddp_add_alone_test(subgroups_alone COMMAND subgroups_main CASES 4 TIMEOUT 60)
 
 include(comm/gloo/gloo.cmake)
 include(comm/mpi/mpi.cmake)
+
+# Start-up exit sweep: one rank stops at each point of init_process_group
+# (Note [Start-up exit points]), of the first collective and of DDP's
+# construction, on 2 and 3 ranks; every other rank must get a catchable
+# error naming its rank in time, never std::terminate or a hang.
+add_executable(init_exit_main comm/init_exit_main.cpp)
+target_link_libraries(init_exit_main PRIVATE ddp torch GTest::gtest Threads::Threads) # gtest: the PCH's flags
+ddp_use_test_pch(init_exit_main)
+ddp_add_output_test(init_exit_sweep EXIT 0 REGEX "^init_exit_sweep: 28 of 28 cases passed$"
+  TIMEOUT 300 LABELS integration
+  COMMAND bash ${CMAKE_CURRENT_LIST_DIR}/init_exit_sweep.sh $<TARGET_FILE:init_exit_main>
+    ${DDP_TEST_PYTHON})

@@ -34,6 +34,7 @@
 #include "comm/gloo/sigpipe_guard.h"
 #include "comm/host_staging.h"
 #include "internal/check.h"
+#include "internal/env.h"
 
 namespace ddp {
 
@@ -202,6 +203,7 @@ class DDP_GLOO_HIDDEN ProcessGroupGloo::Impl {
         c10::str("ddp/", options.group_name(), "/", generation, "/");
     const auto timeout = group_.timeout();
     internal::wait_for_all_ranks(*store_, prefix, group_.rank(), group_.size(), timeout, who());
+    internal::init_exit_point("arrived", group_.rank()); // Note [Start-up exit points]
 
     const auto choice = internal::choose_device(options.interface(), options.hostname(),
                                                 options.master_addr(), group_.size());
@@ -210,7 +212,8 @@ class DDP_GLOO_HIDDEN ProcessGroupGloo::Impl {
     context->setTimeout(timeout);
     internal::GlooStoreAdapter adapter(store_, prefix + "gloo/", timeout);
     try {
-      context->connectFullMesh(adapter, device);
+      rendezvous_step("Gloo's rendezvous (every rank publishes the addresses of its pairs)",
+                      [&] { context->connectFullMesh(adapter, device); });
     } catch (const CommError&) {
       throw;
     } catch (const std::exception& e) {
@@ -219,13 +222,36 @@ class DDP_GLOO_HIDDEN ProcessGroupGloo::Impl {
                              ", chosen from ", choice.reason, "): ", e.what()));
     }
     context_ = std::move(context);
+    internal::init_exit_point("gloo-connected", group_.rank());
     // Nobody leaves rendezvous before everyone is connected: a rank that
     // destroyed its group at once would otherwise close connections a slower
     // peer is still setting up (PyTorch's store-based barrier does the same).
-    peer_addresses_ = internal::exchange_peer_addresses(*context_, *store_, prefix, group_.rank(),
-                                                        group_.size(), timeout);
+    rendezvous_step("the last step of Gloo's rendezvous (every rank lists its connections)", [&] {
+      peer_addresses_ = internal::exchange_peer_addresses(*context_, *store_, prefix, group_.rank(),
+                                                          group_.size(), timeout);
+    });
+    internal::init_exit_point("addresses", group_.rank());
     fingerprints_ = std::make_unique<internal::FingerprintExchange>(store_, prefix + "fp/", group_.rank(),
                                                                    group_.size());
+  }
+
+  // Runs `step` of the rendezvous, named `name`; the store's errors in it
+  // (which name the store, not the rank) come out naming this rank and the
+  // step, as a TimeoutError when a rank did not get there in time, else an
+  // IoError (the store's server, rank 0, is gone).
+  template <typename Step>
+  void rendezvous_step(const char* name, Step step) {
+    try {
+      step();
+    } catch (const TimeoutError& e) {
+      throw TimeoutError(c10::str(who(), " init_process_group: ", name,
+                                  " did not complete: a rank stopped or is slow. The store said: ",
+                                  e.what()));
+    } catch (const CommError& e) {
+      throw IoError(c10::str(who(), " init_process_group: ", name,
+                             " lost the store: rank 0, which serves it, probably stopped. The "
+                             "store said: ", e.what()));
+    }
   }
 
   // The rank whose address `what` (a Gloo error message) names, or -1. With

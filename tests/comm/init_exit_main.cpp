@@ -1,0 +1,62 @@
+// One rank of the start-up exit sweep (tests/comm/init_exit_sweep.sh),
+// started with RANK, WORLD_SIZE, MASTER_ADDR and MASTER_PORT and no
+// launcher. DDP_TEST_INIT_EXIT_AT=<point>:<rank> stops that rank at a point
+// of init_process_group (Note [Start-up exit points]) or, for the points
+// first-collective and ddp, here: before its first allreduce, or before it
+// constructs DistributedDataParallel.
+//
+// Every rank prints one line and exits:
+//   init_exit: rank R completed            (exit 0: nobody stopped)
+//   init_exit: rank R caught: <message>    (exit 3: the error, caught)
+// The stopped rank exits 86 without a word. A rank that dies of
+// std::terminate (SIGABRT) or hangs is what the sweep looks for.
+
+#include <torch/torch.h>
+
+#include <chrono>
+#include <cstdio>
+#include <cstdlib>
+#include <string>
+
+#include <ddp/ddp.h>
+
+namespace {
+
+int env_int(const char* name) {
+  const char* value = std::getenv(name);
+  return value == nullptr ? -1 : std::atoi(value);
+}
+
+void exit_point(const char* point, int rank) {
+  const char* chosen = std::getenv("DDP_TEST_INIT_EXIT_AT");
+  if (chosen != nullptr && std::string(chosen) == std::string(point) + ":" + std::to_string(rank)) {
+    std::fflush(nullptr);
+    std::_Exit(86);
+  }
+}
+
+} // namespace
+
+int main() {
+  torch::set_num_threads(1);
+  const int rank = env_int("RANK");
+  try {
+    auto group = ddp::init_process_group(ddp::InitOptions().timeout(std::chrono::seconds(4)));
+    exit_point("first-collective", rank);
+    auto ones = torch::ones({4});
+    group->allreduce(ones)->wait();
+    exit_point("ddp", rank);
+    torch::nn::Linear net(4, 2);
+    ddp::DistributedDataParallel model(net);
+    model(torch::ones({2, 4})).sum().backward();
+    ddp::destroy_process_group();
+    std::printf("init_exit: rank %d completed\n", rank);
+    return 0;
+  } catch (const std::exception& e) {
+    std::string message = e.what();
+    message = message.substr(0, message.find('\n'));
+    std::printf("init_exit: rank %d caught: %s\n", rank, message.c_str());
+    std::fflush(stdout);
+    return 3;
+  }
+}
