@@ -31,7 +31,12 @@ namespace ddp::internal {
 //   const at::Tensor in = args.input(input);
 //   const at::Tensor out = args.output(output, who, "output");
 //   return queue(..., args.keep({out, in}), args.wrap([in, out](...) { ...; return {out}; }));
-class ContiguousArguments {
+//
+// Hidden from libddp.so's exports, with everything instantiated from it:
+// wrap() is instantiated with the backends' task types, which name Gloo's
+// (and a private Gloo's symbols must not leave the library, see
+// tests/comm/gloo/check_gloo_symbols_hidden.sh).
+class __attribute__((visibility("hidden"))) ContiguousArguments {
  public:
   // A tensor the operation only reads: itself when contiguous, else a
   // contiguous copy.
@@ -65,15 +70,21 @@ class ContiguousArguments {
   // `run` (a backend's task, returning the operation's result), followed by
   // copy_back() and originals(): for the backend to run where the
   // operation completes.
+  // The task lets go of the caller's tensors before the operation
+  // completes, while the caller still holds them (it waits, or passed
+  // them): the last reference to a caller's tensor is never dropped on the
+  // backend's thread after the caller has moved on.
   template <typename Run>
   auto wrap(Run run) const {
-    return [run = std::move(run), self = *this](auto&&... args) {
+    return [run = std::move(run), self = *this](auto&&... args) mutable {
       std::vector<at::Tensor> result = run(std::forward<decltype(args)>(args)...);
       if (!self.any()) {
         return result;
       }
       self.copy_back();
-      return self.originals(std::move(result));
+      result = self.originals(std::move(result));
+      self = ContiguousArguments();
+      return result;
     };
   }
 
