@@ -15,8 +15,10 @@
 #            OpenMP are not instrumented, so synchronisation done inside them
 #            is invisible to TSan; the subset is the code whose threads are
 #            ours (stores, the Gloo worker queue, ddprun, the reducer's hooks).
-#            scripts/tsan.supp suppresses one race inside Gloo's error path,
-#            with the reason.
+#            scripts/tsan.supp suppresses reports whose synchronisation
+#            happens inside that uninstrumented code (Gloo's error path,
+#            libsupc++'s exception_ptr count, LibTorch's own copy of the
+#            tensor reference count), each with the reason.
 #
 # Exits non-zero when a build fails or a sanitizer reports (a report fails
 # its test: ASan/UBSan abort, TSan exits with 66). Prints one count line per

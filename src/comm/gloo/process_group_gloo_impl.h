@@ -349,6 +349,12 @@ class DDP_GLOO_HIDDEN ProcessGroupGloo::Impl {
     try {
       task.fence.wait();
       auto outputs = task.run(internal::fingerprint_tag(task.fingerprint), task.timeout, task.work->name());
+      // The task's closure holds the caller's tensors: release them before
+      // the Work completes, while the caller still waits, so that the last
+      // reference is never dropped here after the caller has moved on (an
+      // order that TSan cannot see when LibTorch's own, uninstrumented copy
+      // of the reference counting runs).
+      task.run = nullptr;
       task.work->set_result(std::move(outputs));
       return;
     } catch (const gloo::IoException& e) {
@@ -364,6 +370,7 @@ class DDP_GLOO_HIDDEN ProcessGroupGloo::Impl {
     } catch (...) {
       error = convert_io_error(task, "an exception of unknown type");
     }
+    task.run = nullptr; // as above
     task.work->set_error(error);
   }
 
