@@ -7,6 +7,14 @@
 
 namespace ddp::internal {
 
+void check_distinct_elements(const at::Tensor& tensor, const std::string& who,
+                             const std::string& what) {
+  DDP_CHECK(at::has_internal_overlap(tensor) != at::MemOverlap::Yes, who, ": ", what,
+            " has elements that share memory (sizes ", tensor.sizes(), ", strides ",
+            tensor.strides(), ", an expanded tensor?), so it cannot hold a result; expected a "
+            "tensor whose elements are distinct, such as tensor.clone()");
+}
+
 at::Tensor ContiguousArguments::input(const at::Tensor& tensor) {
   if (!tensor.defined() || tensor.is_sparse() || tensor.is_contiguous()) {
     return tensor;
@@ -30,10 +38,7 @@ at::Tensor ContiguousArguments::output(const at::Tensor& tensor, const std::stri
   if (!tensor.defined() || tensor.is_sparse() || tensor.is_contiguous()) {
     return tensor;
   }
-  DDP_CHECK(at::has_internal_overlap(tensor) != at::MemOverlap::Yes, who, ": ", what,
-            " has elements that share memory (sizes ", tensor.sizes(), ", strides ",
-            tensor.strides(), ", an expanded tensor?), so it cannot hold a result; expected a "
-            "tensor whose elements are distinct, such as tensor.clone()");
+  check_distinct_elements(tensor, who, what);
   at::Tensor copy = tensor.contiguous();
   outputs_.emplace_back(tensor, copy);
   return copy;

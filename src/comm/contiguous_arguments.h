@@ -32,6 +32,15 @@ namespace ddp::internal {
 //   const at::Tensor out = args.output(output, who, "output");
 //   return queue(..., args.keep({out, in}), args.wrap([in, out](...) { ...; return {out}; }));
 //
+// Throws unless `tensor`'s elements are distinct (an expanded tensor's are
+// not), so that it can hold a result; `who` and `what` name the operation
+// and the argument. Used by ContiguousArguments::output and by send/recv's
+// receive buffer.
+__attribute__((visibility("hidden"))) void check_distinct_elements(const at::Tensor& tensor,
+                                                                   const std::string& who,
+                                                                   const std::string& what);
+
+//
 // Hidden from libddp.so's exports, with everything instantiated from it:
 // wrap() is instantiated with the backends' task types, which name Gloo's
 // (and a private Gloo's symbols must not leave the library, see

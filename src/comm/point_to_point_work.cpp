@@ -1,12 +1,11 @@
 #include "comm/point_to_point_work.h"
 
 #include <ATen/ATen.h>
-#include <ATen/MemoryOverlap.h>
 
 #include <exception>
 #include <utility>
 
-#include "internal/check.h"
+#include "comm/contiguous_arguments.h"
 
 namespace ddp::internal {
 
@@ -15,10 +14,9 @@ at::Tensor PointToPointWork::host_buffer(const at::Tensor& tensor, bool is_send,
   if (!tensor.is_cuda() && tensor.is_contiguous()) {
     return tensor;
   }
-  DDP_CHECK(is_send || at::has_internal_overlap(tensor) != at::MemOverlap::Yes, who,
-            ": the tensor has elements that share memory (sizes ", tensor.sizes(), ", strides ",
-            tensor.strides(), ", an expanded tensor?), so it cannot receive; expected a tensor "
-            "whose elements are distinct, such as tensor.clone()");
+  if (!is_send) {
+    check_distinct_elements(tensor, who, "the tensor");
+  }
   at::Tensor host = at::empty(tensor.sizes(), tensor.options()
                                                   .device(at::kCPU)
                                                   .memory_format(at::MemoryFormat::Contiguous)
