@@ -56,6 +56,8 @@ const char* usage() {
          "  --powersgd-rank N      PowerSGD's matrix approximation rank (default 1)\n"
          "  --powersgd-start-iter N  plain steps before PowerSGD compresses (default 10,\n"
          "                         at least 2)\n"
+         "  --optimizer-sharding S  where SGD's momentum lives: none (every rank) or zero1\n"
+         "                         (sharded, ZeroRedundancyOptimizer; default none)\n"
          "  -h, --help             print this and exit\n";
 }
 
@@ -81,6 +83,13 @@ Flags parse_flags(int argc, char** argv) {
            throw FlagError(f + " must be allreduce, fp16, bf16 or powersgd (got '" + v + "')");
          }
          flags.comm_hook = v;
+       }},
+      {"--optimizer-sharding",
+       [&](auto& f, auto& v) {
+         if (v != "none" && v != "zero1") {
+           throw FlagError(f + " must be none or zero1 (got '" + v + "')");
+         }
+         flags.optimizer_sharding = v;
        }},
       {"--powersgd-rank", [&](auto& f, auto& v) { flags.powersgd_rank = parse_int(f, v, 1); }},
       {"--powersgd-start-iter",

@@ -46,6 +46,10 @@ struct Flags {
   int64_t powersgd_rank = 1;
   /// PowerSGD's start_powerSGD_iter: plain steps before compression starts.
   int64_t powersgd_start_iter = 10;
+  /// Where SGD's state (its momentum buffers) lives: "none" (every rank
+  /// keeps all of it) or "zero1" (ddp::optim::ZeroRedundancyOptimizer: each
+  /// rank keeps its shard).
+  std::string optimizer_sharding = "none";
   /// Print the usage and exit.
   bool help = false;
 };

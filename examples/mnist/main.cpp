@@ -464,8 +464,17 @@ int train(const Flags& flags, const ddp::WorldInfo& world, torch::Device device,
   } else if (flags.comm_hook == "bf16") {
     model->register_comm_hook(ddp::comm_hooks::bf16_compress());
   }
-  torch::optim::SGD optimizer(model->parameters(),
-                              torch::optim::SGDOptions(flags.lr).momentum(flags.momentum));
+  // With --optimizer-sharding zero1 each rank keeps the momentum of its
+  // shard of the parameters only; the loop below is the same either way.
+  const auto sgd_options = torch::optim::SGDOptions(flags.lr).momentum(flags.momentum);
+  std::unique_ptr<torch::optim::Optimizer> sgd;
+  if (flags.optimizer_sharding == "zero1") {
+    sgd = std::make_unique<ddp::optim::ZeroRedundancyOptimizer<torch::optim::SGD>>(
+        model->parameters(), sgd_options);
+  } else {
+    sgd = std::make_unique<torch::optim::SGD>(model->parameters(), sgd_options);
+  }
+  torch::optim::Optimizer& optimizer = *sgd;
 
   // Each rank's share, reshuffled every epoch from seed + epoch. The data
   // loader must not shuffle on its own: the sampler's order is the one every
@@ -485,12 +494,13 @@ int train(const Flags& flags, const ddp::WorldInfo& world, torch::Device device,
                 group->backend_name().c_str(), blas_summary().c_str(), data_text.c_str(),
                 train_size, test_size, static_cast<unsigned long long>(flags.seed));
     std::printf("mnist_train: %lld epoch%s of %lld steps; batch %lld per rank, %lld per step in "
-                "all; SGD lr %g momentum %g\n",
+                "all; SGD lr %g momentum %g%s\n",
                 static_cast<long long>(flags.epochs), flags.epochs == 1 ? "" : "s",
                 static_cast<long long>(steps),
                 static_cast<long long>(flags.batch_size),
                 static_cast<long long>(flags.batch_size * group->size()), flags.lr,
-                flags.momentum);
+                flags.momentum,
+                flags.optimizer_sharding == "zero1" ? ", sharded over the ranks (zero1)" : "");
     if (powersgd) {
       std::printf("mnist_train: communication hook powersgd: rank %lld, plain for the first %lld "
                   "steps\n",

@@ -26,3 +26,4 @@
 #include <ddp/nn/join.h>
 #include <ddp/nn/powersgd_hook.h>
 #include <ddp/nn/sync_batch_norm.h>
+#include <ddp/optim/zero_redundancy_optimizer.h>

@@ -30,6 +30,7 @@
 // PATH.optimizer unchecked.
 
 #include <ddp/nn/checkpoint.h>
+#include <ddp/optim/zero_redundancy_optimizer.h>
 
 #include <ATen/ATen.h>
 #include <torch/optim/optimizer.h>
@@ -509,6 +510,15 @@ void save(const DistributedDataParallel& model, torch::optim::Optimizer* optimiz
           const std::string& path) {
   ProcessGroup& group = *model->process_group();
   const std::string prefix = who(group, "save_checkpoint");
+  if (auto* zero = dynamic_cast<optim::ZeroRedundancyOptimizerBase*>(optimizer)) {
+    // Sharded state: every rank sends its shard to rank 0, which writes it
+    // in the format of a plain optimizer over all the parameters.
+    DDP_CHECK(zero->process_group() == model->process_group(), prefix,
+              ": the ZeroRedundancyOptimizer shards its state over another process group than "
+              "the model's; build both over the same group (or call consolidate_state_dict and "
+              "torch::save yourself)");
+    zero->consolidate_state_dict(0);
+  }
   std::string error;
   if (group.rank() == 0) {
     try {

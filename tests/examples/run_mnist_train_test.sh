@@ -21,6 +21,11 @@
 #     times fewer bytes per step): PowerSGD's final test accuracy must be
 #     within 0.03 of the uncompressed run's (0.944 vs 0.946 seen), and it must
 #     have sent fewer bytes.
+#   run_mnist_train_test.sh DDPRUN MNIST_TRAIN WORK_DIR zero1
+#     --optimizer-sharding zero1 (each rank keeps the momentum of its shard)
+#     must end bit for bit where the unsharded run ends, straight, stopped
+#     after epoch 1 and resumed, and resumed from the unsharded run's epoch-1
+#     checkpoint (a plain optimizer's state loaded into the sharded one).
 #   run_mnist_train_test.sh DDPRUN MNIST_TRAIN WORK_DIR idx
 #     Reads a small data set in MNIST's IDX format with --data, and reports a
 #     truncated file clearly.
@@ -29,7 +34,7 @@
 set -eu
 
 if [ $# -ne 4 ]; then
-  echo "usage: $0 DDPRUN MNIST_TRAIN WORK_DIR accuracy|resume|restart|powersgd|idx" >&2
+  echo "usage: $0 DDPRUN MNIST_TRAIN WORK_DIR accuracy|resume|restart|powersgd|zero1|idx" >&2
   exit 2
 fi
 ddprun=$1
@@ -175,6 +180,32 @@ case "$mode" in
       fail "PowerSGD's test accuracy $compressed is more than 0.03 below the uncompressed $plain"
     echo "OK: test accuracy $compressed with PowerSGD (rank 4), $plain uncompressed (margin 0.03); $1 bytes per step vs $2"
     ;;
+  zero1)
+    common="--epochs 2 --train-size 1200 --test-size 200 --lr 0.03"
+    # shellcheck disable=SC2086 # $common is a list of flags
+    run plain $common --checkpoint-dir "$work/plain"
+    # shellcheck disable=SC2086
+    run sharded $common --checkpoint-dir "$work/sharded" --optimizer-sharding zero1
+    grep -q 'SGD lr 0.03 momentum 0.9, sharded over the ranks (zero1)' "$work/sharded.log" ||
+      fail "mnist_train did not say that its optimizer state is sharded"
+    # shellcheck disable=SC2086
+    run stopped $common --checkpoint-dir "$work/resumed" --optimizer-sharding zero1 --stop-after-epoch 1
+    # shellcheck disable=SC2086
+    run resumed $common --checkpoint-dir "$work/resumed" --optimizer-sharding zero1 --resume
+    # shellcheck disable=SC2086
+    run plain_stopped $common --checkpoint-dir "$work/from_plain" --stop-after-epoch 1
+    # shellcheck disable=SC2086
+    run from_plain $common --checkpoint-dir "$work/from_plain" --optimizer-sharding zero1 --resume
+    grep -q 'resumed from .*from_plain/epoch-1.pt' "$work/from_plain.log" ||
+      fail "the sharded run did not resume from the unsharded run's epoch 1"
+    a=$(checksum "$work/plain.log")
+    [ -n "$a" ] || fail "no checksum in the unsharded run's output"
+    for name in sharded resumed from_plain; do
+      b=$(checksum "$work/$name.log")
+      [ "$a" = "$b" ] || fail "final parameters differ: checksum $a unsharded, $b $name"
+    done
+    echo "OK: sharded SGD state (zero1) ends where the unsharded run ends, straight, resumed and resumed from an unsharded checkpoint (checksum $a)"
+    ;;
   idx)
     mkdir -p "$work/data"
     write_idx "$work/data" train 300
@@ -195,7 +226,7 @@ case "$mode" in
     echo "OK: read the IDX files; a truncated one is reported as: $(cat "$work/truncated.log")"
     ;;
   *)
-    echo "$0: unknown mode '$mode' (expected accuracy, resume, restart, powersgd or idx)" >&2
+    echo "$0: unknown mode '$mode' (expected accuracy, resume, restart, powersgd, zero1 or idx)" >&2
     exit 2
     ;;
 esac

@@ -223,11 +223,11 @@ def finish(net, path, writer=0):
         print("wrote " + path, flush=True)
 
 
-def train_and_write(net, ddp_kwargs, path):
+def train_and_write(net, ddp_kwargs, path, make_optimizer=sgd):
     rank = dist.get_rank()
     start(net, path)
     model = nn.parallel.DistributedDataParallel(net, **ddp_kwargs)
-    optimizer = sgd(model)
+    optimizer = make_optimizer(model)
     for step in range(K_STEPS):
         x, y = rank_batch(step, rank, dist.get_world_size())
         optimizer.zero_grad()
@@ -623,6 +623,21 @@ def powersgd(matrix_rank, path):
     finish(net, path)
 
 
+def zero(path, optimizer_class, params_of, bucket_view, **defaults):
+    """ZeroRedundancyOptimizer under DDP (zero_adam, zero_sgd_groups)."""
+    from torch.distributed.optim import ZeroRedundancyOptimizer
+
+    def make_optimizer(model):
+        return ZeroRedundancyOptimizer(params_of(list(model.parameters())),
+                                       optimizer_class=optimizer_class,
+                                       parameters_as_bucket_view=bucket_view, **defaults)
+    train_and_write(make_mlp(), {}, path, make_optimizer)
+
+
+def two_groups(params):
+    return [{"params": params[:4]}, {"params": params[4:], "lr": 0.02}]
+
+
 def main():
     if len(sys.argv) != 2:
         sys.exit("usage: pytorch_ddp_reference.py OUT_PREFIX")
@@ -652,6 +667,9 @@ def main():
     train_and_write(BranchNet(), {"static_graph": True, "gradient_as_bucket_view": True},
                     prefix + ".static_unused.txt")
     static_join(prefix + ".static_join.txt")
+    zero(prefix + ".zero_adam.txt", torch.optim.Adam, lambda params: params, False, lr=1e-2)
+    zero(prefix + ".zero_sgd_groups.txt", torch.optim.SGD, two_groups, True,
+         lr=0.05, momentum=0.9, weight_decay=1e-3)
     dist.destroy_process_group()
     # Every result is written. PyTorch 1.13 sometimes aborts while the
     # interpreter tears down its DDP objects ("terminate called without an

@@ -49,6 +49,8 @@ TRAINED = (
     "static_twice",     # static_graph: a layer run twice under reentrant checkpoints
     "static_unused",    # static_graph: a layer never used (gradient_as_bucket_view)
     "static_join",      # static_graph under Join: rank 0 alone uses a layer, joins first
+    "zero_adam",        # ZeroRedundancyOptimizer with Adam
+    "zero_sgd_groups",  # ZeroRedundancyOptimizer, SGD, two groups, parameters as bucket views
 )
 # Tighter tolerances: PowerSGD moves the rank-2 result only about 1e-5 away
 # from plain averaging here, so 1e-5 would not tell them apart (ours matches

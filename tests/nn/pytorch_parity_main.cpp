@@ -415,6 +415,52 @@ bool powersgd(int64_t matrix_rank, const std::string& path) {
 
 } // namespace
 
+// zero_adam, zero_sgd_groups: ZeroRedundancyOptimizer under DDP against
+// PyTorch's own (torch.distributed.optim.ZeroRedundancyOptimizer): Adam,
+// and SGD with momentum and weight decay over two groups with the
+// parameters as bucket views.
+using OptimizerFactory =
+    std::function<std::unique_ptr<torch::optim::Optimizer>(ddp::DistributedDataParallel& model)>;
+
+bool train_mlp_with(const OptimizerFactory& make_optimizer, const std::string& path) {
+  auto net = ddp_test::make_mlp();
+  ddp_test::init_closed_form(*net);
+  ddp::DistributedDataParallel model(net);
+  auto optimizer = make_optimizer(model);
+  for (int step = 0; step < kSteps; ++step) {
+    auto [x, y] = ddp_test::rank_batch(step, rank(), world_size());
+    optimizer->zero_grad();
+    torch::mse_loss(model(x), y).backward();
+    optimizer->step();
+  }
+  return write_result(*net, path);
+}
+
+bool zero_adam(const std::string& path) {
+  return train_mlp_with(
+      [](ddp::DistributedDataParallel& model) -> std::unique_ptr<torch::optim::Optimizer> {
+        return std::make_unique<ddp::optim::ZeroRedundancyOptimizer<torch::optim::Adam>>(
+            model->parameters(), torch::optim::AdamOptions(1e-2));
+      },
+      path);
+}
+
+bool zero_sgd_groups(const std::string& path) {
+  return train_mlp_with(
+      [](ddp::DistributedDataParallel& model) -> std::unique_ptr<torch::optim::Optimizer> {
+        const auto params = model->parameters();
+        std::vector<torch::optim::OptimizerParamGroup> groups;
+        groups.emplace_back(std::vector<torch::Tensor>(params.begin(), params.begin() + 4));
+        groups.emplace_back(std::vector<torch::Tensor>(params.begin() + 4, params.end()),
+                            std::make_unique<torch::optim::SGDOptions>(
+                                torch::optim::SGDOptions(0.02).momentum(0.9).weight_decay(1e-3)));
+        return std::make_unique<ddp::optim::ZeroRedundancyOptimizer<torch::optim::SGD>>(
+            std::move(groups), torch::optim::SGDOptions(0.05).momentum(0.9).weight_decay(1e-3),
+            ddp::optim::ZeroRedundancyOptimizerOptions().parameters_as_bucket_view(true));
+      },
+      path);
+}
+
 int main(int argc, char** argv) {
   if (argc < 2) {
     std::fprintf(stderr, "usage: ddp_pytorch_parity_main OUT_PREFIX [CONFIGURATION...]\n");
@@ -468,6 +514,8 @@ int main(int argc, char** argv) {
                                 path);
        }},
       {"static_join", static_join},
+      {"zero_adam", zero_adam},
+      {"zero_sgd_groups", zero_sgd_groups},
   };
   try {
     ddp::init_process_group();
