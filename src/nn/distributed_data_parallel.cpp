@@ -443,6 +443,12 @@ void DistributedDataParallelImpl::register_comm_hook(CommHook hook) {
   state_->reducer->set_comm_hook(std::move(hook));
 }
 
+void DistributedDataParallelImpl::register_bucket_reduced_hook(BucketReducedHook hook) {
+  DDP_CHECK(state_->join == nullptr, who(*state_->group),
+            " register_bucket_reduced_hook: not while a ddp::Join is live");
+  state_->reducer->set_bucket_reduced_hook(std::move(hook));
+}
+
 IterationInsight DistributedDataParallelImpl::last_iteration_insight() const {
   return state_->reducer->last_insight();
 }

@@ -3,6 +3,7 @@
 ddp_add_part(ddp_nn
   src/reducer/bucket_assignment.cpp
   src/reducer/reducer.cpp
+  src/reducer/reducer_finalize.cpp
   src/reducer/reducer_insight.cpp
   src/reducer/sparse_gradients.cpp
   src/reducer/static_graph.cpp

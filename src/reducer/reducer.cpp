@@ -350,6 +350,8 @@ void Reducer::reset_iteration() {
     }
   }
   next_bucket_ = 0;
+  next_finished_ = 0;
+  early_comm_wait_ms_ = 0;
   unused_.clear();
   usage_work_.reset();
   hooks_seen_ = 0;
@@ -538,6 +540,13 @@ void Reducer::copy_into_view(const at::Tensor& grad, at::Tensor& view) {
 
 void Reducer::launch_ready_buckets() {
   while (next_bucket_ < buckets_.size() && buckets_[next_bucket_].pending == 0) {
+    if (finishes_early()) {
+      // See Note [Bucket reduced hook] in reducer_finalize.cpp.
+      while (next_finished_ < next_bucket_) {
+        early_comm_wait_ms_ += wait_for_bucket(next_finished_);
+        write_back_bucket(next_finished_++, config_.static_graph ? static_usage_ : at::Tensor());
+      }
+    }
     launch_bucket(next_bucket_, buckets_[next_bucket_].buffer);
     ++next_bucket_;
   }
@@ -594,82 +603,6 @@ void Reducer::finalize_backward_guarded() {
     reset_iteration();
     throw;
   }
-}
-
-void Reducer::finalize_backward_locked() {
-  DDP_INTERNAL_ASSERT(state_ == State::kFinalizing);
-  // Each bucket is written back as soon as it is reduced, while the later
-  // ones are still on the wire (as PyTorch's finalize_backward), unless the
-  // usage map, reduced after the last bucket, must be known first.
-  double comm_wait_ms = 0;
-  at::Tensor global_usage;
-  bool usage_known = false;
-  const auto know_usage = [&] {
-    if (usage_known) {
-      return;
-    }
-    usage_known = true;
-    if (usage_work_) {
-      const auto start = Clock::now();
-      usage_work_->wait();
-      comm_wait_ms += ms_between(start, Clock::now());
-      global_usage = usage_.cpu();
-      if (config_.static_graph) {
-        static_usage_ = global_usage.clone(); // Note [Delayed reduction]: for good
-      }
-    } else if (config_.static_graph && static_usage_.defined()) {
-      global_usage = static_usage_;
-    }
-  };
-  for (size_t b = 0; b < buckets_.size(); ++b) {
-    Bucket& bucket = buckets_[b];
-    const auto wait_start = Clock::now();
-    bucket.work->wait();
-    comm_wait_ms += ms_between(wait_start, Clock::now());
-    const auto& result = bucket.work->result();
-    DDP_CHECK(!result.empty() && result[0].defined() && result[0].numel() == bucket.buffer.numel(),
-              who(), ": the communication hook's result for bucket ", b, " has ",
-              result.empty() || !result[0].defined() ? 0 : result[0].numel(),
-              " elements, expected ", bucket.buffer.numel());
-    if (bucket.sparse) {
-      bucket.buffer = result[0]; // written back below
-      bucket.sparse_bytes = result[0].is_sparse()
-          ? static_cast<size_t>(result[0]._indices().nbytes() + result[0]._values().nbytes())
-          : static_cast<size_t>(result[0].nbytes());
-    } else if (!result[0].is_same(bucket.buffer)) {
-      bucket.buffer.copy_(result[0].reshape({-1}));
-    }
-    know_usage();
-    for (size_t k = 0; k < bucket.variable_indices.size(); ++k) {
-      const size_t index = bucket.variable_indices[k];
-      if (global_usage.defined() && global_usage.data_ptr<int>()[index] == 0) {
-        continue; // unused on every rank: its gradient stays as it was
-      }
-      if (bucket.sparse) {
-        write_sparse_gradient(index, bucket.buffer);
-        continue;
-      }
-      const at::Tensor& view = bucket.views[k];
-      auto& param = const_cast<at::Tensor&>(parameters_[index]);
-      at::Tensor& grad = param.mutable_grad();
-      if (config_.gradient_as_bucket_view) {
-        if (!grad.defined() || !grad.is_alias_of(view)) {
-          grad = view;
-        }
-      } else if (grad.defined()) {
-        grad.copy_(view);
-      } else {
-        grad = view.clone();
-      }
-    }
-  }
-  know_usage(); // no buckets: the usage map is still reduced
-
-  record_insight(comm_wait_ms);
-
-  ++iteration_;
-  std::fill(used_since_sync_.begin(), used_since_sync_.end(), false);
-  reset_iteration();
 }
 
 void Reducer::shadow_backward() {

@@ -81,6 +81,16 @@ class Reducer {
 
   void set_comm_hook(CommHook hook);
 
+  // Called once per bucket of every synchronised backward, after the
+  // bucket's reduced gradients are in the parameters' `.grad`, in bucket
+  // order on every rank, on the autograd engine thread (during backward or
+  // in its final callback): see Note [Bucket reduced hook] in
+  // reducer_finalize.cpp. Not called for the buckets a joined rank shadows.
+  using BucketReducedHook =
+      std::function<void(size_t bucket_index, const std::vector<at::Tensor>& parameters)>;
+  void set_bucket_reduced_hook(BucketReducedHook hook);
+  bool has_bucket_reduced_hook() const;
+
   // DDP's forward entered (kForwardStart) or returned (kForwardEnd), for
   // the insight figures.
   void record_forward_event(IterationTimer::Event event);
@@ -126,7 +136,16 @@ class Reducer {
   static size_t bucket_bytes(const Bucket& bucket);
   void finalize_backward();
   void finalize_backward_guarded(); // mutex_ held
-  void finalize_backward_locked();
+  void finalize_backward_locked();                                       // reducer_finalize.cpp
+  // Waits for bucket `b`'s Work and checks its result; returns the ms
+  // spent waiting. reducer_finalize.cpp.
+  double wait_for_bucket(size_t b);
+  // Writes bucket `b`'s reduced gradients back (skipping the parameters
+  // that `usage`, when defined, says no rank used), then calls the bucket
+  // reduced hook. reducer_finalize.cpp.
+  void write_back_bucket(size_t b, const at::Tensor& usage);
+  // Whether buckets are finished while later ones are still being filled.
+  bool finishes_early() const;                                          // reducer_finalize.cpp
   void delayed_reduction();
   void queue_delayed_reduction_locked();
   void queue_finalize();
@@ -160,6 +179,9 @@ class Reducer {
 
   mutable std::mutex mutex_;
   CommHook comm_hook_;                    // guarded by mutex_
+  BucketReducedHook bucket_reduced_hook_; // guarded by mutex_
+  size_t next_finished_ = 0;              // buckets finished this iteration; guarded by mutex_
+  double early_comm_wait_ms_ = 0;         // spent waiting in finish_bucket so far; guarded by mutex_
   // No hook registered: see Note [Built-in allreduce]. Guarded by mutex_.
   bool builtin_hook_ = true;
   std::vector<Bucket> buckets_;           // guarded by mutex_

@@ -23,6 +23,7 @@
 #include <cstring>
 #include <functional>
 #include <memory>
+#include <optional>
 #include <set>
 #include <stdexcept>
 #include <string>
@@ -145,20 +146,46 @@ ddp::DistributedDataParallelOptions ddp_options(std::shared_ptr<ddp::ProcessGrou
   return ddp::DistributedDataParallelOptions().process_group(std::move(group));
 }
 
-void parity(Report& report, ddp::ProcessGroup& group, const Config& config) {
-  report.begin_case("parity " + config.name);
+// How a parity case runs: without overlap (the default), or with the
+// steps overlapped with DDP's backward (ZeroRedundancyOptimizer::
+// overlap_with), under these DDP options and communication hook.
+struct Overlap {
+  std::string name;
+  ddp::DistributedDataParallelOptions ddp;
+  ddp::CommHook hook = nullptr;
+  double tolerance = 0; // against one process, when looser than the configuration's
+};
+
+// Bucket caps of 104 bytes: each bias and the next weight share a bucket,
+// so the MLP has 4 buckets and 3 of them are stepped during backward.
+ddp::DistributedDataParallelOptions tiny_buckets() {
+  return ddp::DistributedDataParallelOptions().first_bucket_cap_mb(0.0001).bucket_cap_mb(0.0001);
+}
+
+void parity(Report& report, ddp::ProcessGroup& group, const Config& config,
+            const std::optional<Overlap>& overlap = std::nullopt) {
+  report.begin_case("parity " + config.name + (overlap ? ", overlapped, " + overlap->name : ""));
+  const auto options = overlap ? overlap->ddp : ddp_options();
   auto reference_net = ddp_test::make_closed_form_mlp();
   auto reference = config.plain(groups_of(*reference_net, config.two_groups));
   auto net = ddp_test::make_closed_form_mlp();
-  ddp::DistributedDataParallel model(net, ddp_options());
+  ddp::DistributedDataParallel model(net, options);
   auto zero = config.zero(groups_of(*net, config.two_groups),
                           ddp::optim::ZeroRedundancyOptimizerOptions().parameters_as_bucket_view(
                               config.bucket_view));
   // DDP with the plain optimizer on every rank: the same gradients, the
   // same per-parameter arithmetic, so ZeRO must match it bit for bit.
   auto replica_net = ddp_test::make_closed_form_mlp();
-  ddp::DistributedDataParallel replica(replica_net, ddp_options());
+  ddp::DistributedDataParallel replica(replica_net, options);
   auto replica_optimizer = config.plain(groups_of(*replica_net, config.two_groups));
+  if (overlap) {
+    zero->overlap_with(model);
+    if (overlap->hook) {
+      model->register_comm_hook(overlap->hook);
+      replica->register_comm_hook(overlap->hook);
+    }
+  }
+  const double tolerance = std::max(config.tolerance, overlap ? overlap->tolerance : 0.0);
   int done = 0;
   for (int steps : {kShortRun, kLongRun}) {
     train_plain(reference_net, *reference, done, steps);
@@ -166,7 +193,7 @@ void parity(Report& report, ddp::ProcessGroup& group, const Config& config) {
     train_zero(replica, *replica_optimizer, done, steps);
     done = steps;
     report.expect_at_most(ddp_test::max_parameter_difference(*reference_net, *net).value,
-                          config.tolerance, "after " + std::to_string(steps) + " steps");
+                          tolerance, "after " + std::to_string(steps) + " steps");
     const double exact = ddp_test::max_parameter_difference(*replica_net, *net).value;
     report.expect(exact == 0, c10::str("after ", steps, " steps, ZeRO differs from DDP with the plain ",
                                        "optimizer by ", exact, ", expected 0"));
@@ -458,6 +485,69 @@ void added_group(Report& report, ddp::ProcessGroup& group) {
   }
 }
 
+// With overlap, parameters change during backward: counted when the input's
+// gradient is computed (the last thing backward does), over all ranks. With
+// 4 buckets, the earlier ones are stepped before; with
+// find_unused_parameters, every bucket waits for the usage map at the end.
+void steps_during_backward(Report& report, ddp::ProcessGroup& group) {
+  for (const bool early : {true, false}) {
+    report.begin_case(early ? "overlap: buckets stepped during backward"
+                            : "overlap: with find_unused_parameters, at backward's end");
+    auto net = ddp_test::make_closed_form_mlp();
+    ddp::DistributedDataParallel model(
+        net, early ? tiny_buckets() : tiny_buckets().find_unused_parameters(true));
+    ddp::optim::ZeroRedundancyOptimizer<torch::optim::SGD> zero(net->parameters(),
+                                                                torch::optim::SGDOptions(0.1));
+    zero.overlap_with(model);
+    std::vector<torch::Tensor> before;
+    for (const auto& p : net->parameters()) {
+      before.push_back(p.detach().clone());
+    }
+    int64_t changed = -1;
+    auto [x, y] = ddp_test::rank_batch(0, group.rank(), group.size());
+    x.requires_grad_(true);
+    x.register_hook([&](const torch::Tensor& grad) {
+      changed = 0;
+      const auto params = net->parameters();
+      for (size_t i = 0; i < params.size(); ++i) {
+        changed += torch::equal(params[i].detach(), before[i]) ? 0 : 1;
+      }
+      return grad;
+    });
+    zero.zero_grad();
+    mse(model->forward(x), y).backward();
+    auto most = torch::full({1}, changed, torch::kLong);
+    group.allreduce(most, {ddp::ReduceOp::kMax})->wait();
+    zero.step();
+    const int64_t seen = most.item<int64_t>();
+    if (early) {
+      report.expect(seen > 0, "no parameter had changed before the input's gradient was computed");
+    } else {
+      report.expect(seen == 0, c10::str(seen, " parameters changed before the usage map was reduced"));
+    }
+    report.note(c10::str(seen, " parameter(s) updated before backward reached the input"));
+    report.end_case();
+  }
+}
+
+// overlap_with refuses a model over other parameters; Join refuses an
+// overlapped model.
+void overlap_errors(Report& report) {
+  report.begin_case("error: overlap_with a model over other parameters, and Join");
+  auto net = ddp_test::make_closed_form_mlp();
+  ddp::DistributedDataParallel model(net, ddp_options());
+  auto params = net->parameters();
+  ddp::optim::ZeroRedundancyOptimizer<torch::optim::Adam> part(
+      std::vector<torch::Tensor>(params.begin(), params.begin() + 4), torch::optim::AdamOptions(0.1));
+  expect_error(report, "the model has 8 parameters and the optimizer 4, of which 4 are the same tensors",
+               [&] { part.overlap_with(model); });
+  ddp::optim::ZeroRedundancyOptimizer<torch::optim::Adam> zero(params, torch::optim::AdamOptions(0.1));
+  zero.overlap_with(model);
+  expect_error(report, "ddp::Join: this DistributedDataParallel runs a ZeroRedundancyOptimizer's steps",
+               [&] { ddp::Join join(model); });
+  report.end_case();
+}
+
 } // namespace
 
 int main(int argc, char** argv) {
@@ -485,7 +575,23 @@ int main(int argc, char** argv) {
     }
     for (const auto& config : configs()) {
       parity(report, *group, config);
+      parity(report, *group, config, Overlap{"4 buckets", tiny_buckets()});
     }
+    const auto adam = configs()[0];
+    // One bucket, stepped in backward's final callback.
+    parity(report, *group, adam, Overlap{"one bucket", ddp_options()});
+    // The usage map is reduced after the last bucket: every bucket is
+    // stepped in the final callback.
+    parity(report, *group, adam,
+           Overlap{"find_unused_parameters", tiny_buckets().find_unused_parameters(true)});
+    // The first iteration records, the later ones step during backward.
+    parity(report, *group, configs()[2], Overlap{"static_graph", tiny_buckets().static_graph(true)});
+    // Any hook: compressed to bfloat16 (8 bits of mantissa), so only the
+    // exact comparison with DDP under the same hook is tight.
+    parity(report, *group, adam,
+           Overlap{"bf16_compress", tiny_buckets(), ddp::comm_hooks::bf16_compress(), 5e-2});
+    steps_during_backward(report, *group);
+    overlap_errors(report);
     shards(report, *group);
     added_group(report, *group);
     zero_to_plain(report, *group, dir);

@@ -11,6 +11,7 @@
 #include <torch/nn/pimpl.h>
 
 #include <chrono>
+#include <functional>
 #include <memory>
 #include <string>
 #include <tuple>
@@ -184,6 +185,17 @@ class DistributedDataParallelImpl : public torch::nn::Module {
   /// Replaces the communication hook (default: comm_hooks::allreduce()).
   /// Call before the first backward.
   void register_comm_hook(CommHook hook);
+
+  /// Called once per gradient bucket of every synchronised backward, after
+  /// the bucket's reduced gradients are in its parameters' `.grad`: in
+  /// bucket order on every rank, on the autograd engine thread, during
+  /// backward when no usage map must be reduced first (see docs/ddp.md,
+  /// "Sharded optimizer state"). It may issue collectives: every rank
+  /// issues them at the same point. ZeroRedundancyOptimizer's
+  /// `overlap_with_ddp` uses it. Call between iterations; not under Join.
+  using BucketReducedHook =
+      std::function<void(size_t bucket_index, const std::vector<at::Tensor>& parameters)>;
+  void register_bucket_reduced_hook(BucketReducedHook hook);
 
   /// Figures of the last synchronised iteration.
   IterationInsight last_iteration_insight() const;

@@ -25,6 +25,10 @@
 
 #include <ddp/comm/process_group.h>
 
+namespace ddp {
+class DistributedDataParallel;
+} // namespace ddp
+
 namespace ddp::optim {
 
 /// Options of ZeroRedundancyOptimizer.
@@ -122,6 +126,19 @@ class ZeroRedundancyOptimizerBase : public torch::optim::Optimizer {
 
   /// The group the state is sharded over.
   const std::shared_ptr<ProcessGroup>& process_group() const;
+
+  /// Overlap with `model`'s backward (PyTorch's `overlap_with_ddp` with
+  /// `hook_with_zero_step`): as each of `model`'s gradient buckets is
+  /// reduced, this rank steps the parameters it owns in that bucket and the
+  /// owners start broadcasting them, while backward goes on; `step()` then
+  /// waits for the broadcasts (and steps whatever no bucket covered). Every
+  /// iteration updates the parameters, the first ones included, with the
+  /// same results as without overlap, on every backend, with any comm hook.
+  /// `model` must be built over the same group and hold exactly this
+  /// optimizer's parameters. Call on every rank, between iterations, once;
+  /// not with ddp::Join. `model` must outlive this optimizer, or call
+  /// nothing on it after the optimizer is destroyed.
+  void overlap_with(DistributedDataParallel& model);
 
  protected:
   ZeroRedundancyOptimizerBase(std::vector<torch::optim::OptimizerParamGroup> param_groups,
