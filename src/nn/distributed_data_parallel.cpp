@@ -443,10 +443,11 @@ void DistributedDataParallelImpl::register_comm_hook(CommHook hook) {
   state_->reducer->set_comm_hook(std::move(hook));
 }
 
-void DistributedDataParallelImpl::register_bucket_reduced_hook(BucketReducedHook hook) {
+void DistributedDataParallelImpl::register_bucket_reduced_hook(
+    BucketReducedHook hook, std::function<bool(const at::Tensor&)> write_back) {
   DDP_CHECK(state_->join == nullptr, who(*state_->group),
             " register_bucket_reduced_hook: not while a ddp::Join is live");
-  state_->reducer->set_bucket_reduced_hook(std::move(hook));
+  state_->reducer->set_bucket_reduced_hook(std::move(hook), std::move(write_back));
 }
 
 IterationInsight DistributedDataParallelImpl::last_iteration_insight() const {

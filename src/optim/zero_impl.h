@@ -100,6 +100,7 @@ struct ZeroRedundancyOptimizerBase::Impl {
   };
   std::vector<BucketShard> bucket_shards;
   bool overlapping = false;
+  int stage = 1;
   // The model's implementation, to remove the hook when this goes away.
   std::weak_ptr<DistributedDataParallelImpl> overlapped_model;
   // Parameters stepped by a bucket this iteration.
@@ -113,6 +114,18 @@ struct ZeroRedundancyOptimizerBase::Impl {
   // step() with overlap: finishes the broadcasts, steps and broadcasts
   // what no bucket covered.
   void finish_overlapped_step(const std::vector<OptimizerParamGroup>& groups);
+  // Stage 2: the owner of the parameter named `name` in the model, or -1.
+  std::unordered_map<std::string, const void*> model_names;
+  int owner_by_name(const std::string& name) const {
+    const auto impl = model_names.find(name);
+    if (impl == model_names.end()) {
+      return -1;
+    }
+    const auto position = position_of.find(impl->second);
+    return position == position_of.end() ? -1 : owners[position->second.first][position->second.second];
+  }
+  // Stage 2's communication hook: see Note [ZeRO stage 2] in zero_overlap.cpp.
+  std::shared_ptr<Work> reduce_scatter_bucket(ProcessGroup& pg, GradBucket& bucket);
   // Moves every bucket optimizer's state back into `local`.
   void reclaim_states();
   // An optimizer of the wrapped type over `params` (split by group, with

@@ -14,6 +14,19 @@
 // computes the next buckets; at most kBucketsInFlight are unfinished, and
 // step() finishes the rest.
 //
+// Note [ZeRO stage 2]
+// With stage 2, overlap_with also registers reduce_scatter_bucket as the
+// model's communication hook: the bucket's gradients are packed per owner
+// (each owner's in bucket order) and reduce-scattered, so that each rank
+// receives the sums of its own parameters' gradients only, which it writes,
+// divided by the world size, into their places in the bucket; the other places keep this rank's own gradients, which DDP does
+// not write back (overlap_with's write-back filter): their `.grad` is left
+// undefined. Reduce-scatter plus the owners'
+// broadcasts move the bytes of one allreduce: stage 2's step costs DDP's
+// communication, where stage 1 adds the broadcasts to the allreduce. A
+// bucket with a parameter the optimizer does not hold (or a sparse one) is
+// all-reduced as by the default hook.
+//
 // Each parameter is updated by the same arithmetic as without overlap, so
 // the results are the same bit for bit, from the first iteration on (PyTorch
 // skips the first two while it learns the buckets). What no bucket covered
@@ -46,12 +59,74 @@ void ZeroRedundancyOptimizerBase::overlap_with(DistributedDataParallel& model) {
             " are the same tensors; the optimizer must hold exactly the model's parameters");
   Impl* impl = impl_.get(); // the hook is removed by our destructor
   std::vector<OptimizerParamGroup>* groups = &param_groups_;
+  std::function<bool(const at::Tensor&)> write_back;
+  if (impl_->stage == 2) {
+    // The gradients of others' parameters were never reduced here: DDP
+    // leaves them undefined instead of writing them (Note [ZeRO stage 2]).
+    write_back = [impl](const at::Tensor& param) {
+      const auto position = impl->position_of.find(param.unsafeGetTensorImpl());
+      return position == impl->position_of.end() ||
+             impl->owners[position->second.first][position->second.second] == impl->group->rank();
+    };
+  }
   model->register_bucket_reduced_hook(
       [impl, groups](size_t index, const std::vector<at::Tensor>& params) {
         impl->on_bucket_reduced(*groups, index, params);
-      });
+      },
+      std::move(write_back));
   impl_->overlapped_model = model.ptr();
   impl_->overlapping = true;
+  if (impl_->stage == 2) {
+    for (const auto& item : model->module()->named_parameters()) {
+      impl->model_names[item.key()] = item.value().unsafeGetTensorImpl();
+    }
+    model->register_comm_hook([impl](ProcessGroup& pg, GradBucket& bucket) {
+      return impl->reduce_scatter_bucket(pg, bucket);
+    });
+  }
+}
+
+std::shared_ptr<Work> ZeroRedundancyOptimizerBase::Impl::reduce_scatter_bucket(ProcessGroup& pg,
+                                                                              GradBucket& bucket) {
+  const at::Tensor buffer = bucket.buffer();
+  const int size = pg.size();
+  if (size == 1) {
+    return Work::completed({buffer.is_sparse() ? buffer.coalesce() : buffer});
+  }
+  const auto& names = bucket.parameter_names();
+  std::vector<int> owner(names.size(), -1);
+  bool known = !buffer.is_sparse();
+  for (size_t k = 0; known && k < names.size(); ++k) {
+    owner[k] = owner_by_name(names[k]);
+    known = owner[k] >= 0;
+  }
+  if (!known) {
+    buffer.div_(size);
+    return pg.allreduce(buffer); // see Note [ZeRO stage 2]
+  }
+  const auto& gradients = bucket.gradients();
+  std::vector<std::vector<at::Tensor>> per_owner(static_cast<size_t>(size));
+  for (size_t k = 0; k < names.size(); ++k) {
+    per_owner[static_cast<size_t>(owner[k])].push_back(gradients[k].reshape({-1}));
+  }
+  std::vector<at::Tensor> inputs;
+  for (const auto& parts : per_owner) {
+    inputs.push_back(parts.empty() ? at::empty({0}, buffer.options()) : at::cat(parts));
+  }
+  const int rank = pg.rank();
+  auto output = at::empty_like(inputs[static_cast<size_t>(rank)]);
+  std::vector<at::Tensor> mine = per_owner[static_cast<size_t>(rank)]; // views into the buffer
+  auto work = pg.reduce_scatter(output, inputs);
+  // Summed, then divided on the owner only: 1/N of the bucket, where the
+  // default hook divides all of it before sending.
+  return work->then([buffer, output, mine, size](const std::vector<at::Tensor>&) {
+    int64_t offset = 0;
+    for (const auto& view : mine) {
+      at::div_out(const_cast<at::Tensor&>(view), output.narrow(0, offset, view.numel()), size);
+      offset += view.numel();
+    }
+    return std::vector<at::Tensor>{buffer};
+  });
 }
 
 std::unique_ptr<torch::optim::Optimizer> ZeroRedundancyOptimizerBase::Impl::optimizer_over(

@@ -42,6 +42,9 @@ ZeroRedundancyOptimizerBase::ZeroRedundancyOptimizerBase(
   impl_->group = options.process_group() != nullptr ? options.process_group() : default_process_group();
   impl_->factory = std::move(factory);
   impl_->bucket_view = options.parameters_as_bucket_view();
+  DDP_CHECK(options.stage() == 1 || options.stage() == 2, impl_->who(""), ": stage must be 1 or 2 (got ",
+            options.stage(), ")");
+  impl_->stage = options.stage();
   for (const auto& g : param_groups_) {
     if (!g.params().empty()) {
       impl_->device = g.params().front().device();
@@ -76,6 +79,9 @@ torch::Tensor ZeroRedundancyOptimizerBase::step(LossClosure closure) {
     impl_->partition(param_groups_, first);
   }
   impl_->consolidated.reset();
+  DDP_CHECK(impl_->stage == 1 || impl_->overlapping, impl_->who("step"),
+            ": stage 2 reduce-scatters the model's gradients: call overlap_with(model) on every rank "
+            "before the first backward");
   if (impl_->overlapping) {
     // The buckets stepped during backward; the closure runs that backward.
     at::Tensor loss;

@@ -88,7 +88,10 @@ class Reducer {
   // reducer_finalize.cpp. Not called for the buckets a joined rank shadows.
   using BucketReducedHook =
       std::function<void(size_t bucket_index, const std::vector<at::Tensor>& parameters)>;
-  void set_bucket_reduced_hook(BucketReducedHook hook);
+  // `write_back`, when set, says per parameter whether its reduced gradient
+  // is written back; one it refuses is left undefined (ZeRO stage 2).
+  void set_bucket_reduced_hook(BucketReducedHook hook,
+                               std::function<bool(const at::Tensor&)> write_back = nullptr);
   bool has_bucket_reduced_hook() const;
 
   // DDP's forward entered (kForwardStart) or returned (kForwardEnd), for
@@ -180,6 +183,7 @@ class Reducer {
   mutable std::mutex mutex_;
   CommHook comm_hook_;                    // guarded by mutex_
   BucketReducedHook bucket_reduced_hook_; // guarded by mutex_
+  std::function<bool(const at::Tensor&)> write_back_filter_; // guarded by mutex_
   size_t next_finished_ = 0;              // buckets finished this iteration; guarded by mutex_
   double early_comm_wait_ms_ = 0;         // spent waiting in finish_bucket so far; guarded by mutex_
   // No hook registered: see Note [Built-in allreduce]. Guarded by mutex_.

@@ -34,11 +34,13 @@ double ms_since(Clock::time_point from) {
 }
 } // namespace
 
-void Reducer::set_bucket_reduced_hook(BucketReducedHook hook) {
+void Reducer::set_bucket_reduced_hook(BucketReducedHook hook,
+                                      std::function<bool(const at::Tensor&)> write_back) {
   std::lock_guard<std::mutex> lock(mutex_);
   DDP_CHECK(state_ == State::kIdle, who(),
             ": a bucket reduced hook can only be set between iterations, not during backward");
   bucket_reduced_hook_ = std::move(hook);
+  write_back_filter_ = std::move(write_back);
 }
 
 bool Reducer::has_bucket_reduced_hook() const {
@@ -85,6 +87,10 @@ void Reducer::write_back_bucket(size_t b, const at::Tensor& usage) {
     const at::Tensor& view = bucket.views[k];
     auto& param = const_cast<at::Tensor&>(parameters_[index]);
     at::Tensor& grad = param.mutable_grad();
+    if (write_back_filter_ && !shadowing_ && !write_back_filter_(param)) {
+      grad = at::Tensor();
+      continue;
+    }
     if (config_.gradient_as_bucket_view) {
       if (!grad.defined() || !grad.is_alias_of(view)) {
         grad = view;

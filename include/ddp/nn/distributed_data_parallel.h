@@ -191,11 +191,14 @@ class DistributedDataParallelImpl : public torch::nn::Module {
   /// bucket order on every rank, on the autograd engine thread, during
   /// backward when no usage map must be reduced first (see docs/ddp.md,
   /// "Sharded optimizer state"). It may issue collectives: every rank
-  /// issues them at the same point. ZeroRedundancyOptimizer's
-  /// `overlap_with_ddp` uses it. Call between iterations; not under Join.
+  /// issues them at the same point. `write_back`, when given, says per
+  /// parameter whether its reduced gradient is written back into `.grad`;
+  /// one it refuses is left undefined. ZeroRedundancyOptimizer's
+  /// `overlap_with` uses them. Call between iterations; not under Join.
   using BucketReducedHook =
       std::function<void(size_t bucket_index, const std::vector<at::Tensor>& parameters)>;
-  void register_bucket_reduced_hook(BucketReducedHook hook);
+  void register_bucket_reduced_hook(BucketReducedHook hook,
+                                    std::function<bool(const at::Tensor&)> write_back = nullptr);
 
   /// Figures of the last synchronised iteration.
   IterationInsight last_iteration_insight() const;

@@ -49,6 +49,14 @@ struct ZeroRedundancyOptimizerOptions {
   /// (parameters are packed into bounded buckets for the broadcast, or
   /// broadcast in place when larger than a bucket).
   TORCH_ARG(bool, parameters_as_bucket_view) = false;
+  /// 1: the optimizer state is sharded (ZeRO stage 1). 2: the gradients
+  /// too (ZeRO stage 2): with `overlap_with(model)`, each DDP bucket is
+  /// reduce-scattered instead of all-reduced, every rank receiving the
+  /// averaged gradients of the parameters it owns, and after the bucket's
+  /// step the gradients of the others are freed (left undefined). The
+  /// traffic of a step is then that of DDP's allreduce alone. Needs
+  /// `overlap_with`. Default: 1.
+  TORCH_ARG(int, stage) = 1;
 };
 
 /// Which rank owns each parameter: PyTorch's rule, so that a user can

@@ -9,6 +9,7 @@
 #include <cstddef>
 #include <cstdint>
 #include <memory>
+#include <vector>
 
 #include "comm/reduce_kernels.h"
 
@@ -31,5 +32,14 @@ bool use_exchange_allreduce(size_t bytes, int ranks);
 void exchange_allreduce(const std::shared_ptr<gloo::Context>& context, void* data, size_t count,
                         size_t bytes, const ReduceKernel& kernel, uint32_t tag,
                         std::chrono::milliseconds timeout);
+
+// See Note [Direct reduce-scatter] in gloo_exchange_allreduce.cpp.
+// `inputs[r]` is this rank's chunk for rank r, `counts[r]` elements of
+// `element_bytes` each; rank `context->rank`'s reduced chunk is written to
+// `output` (counts[rank] elements).
+void direct_reduce_scatter(const std::shared_ptr<gloo::Context>& context,
+                           const std::vector<const void*>& inputs, const std::vector<size_t>& counts,
+                           size_t element_bytes, void* output, const ReduceKernel& kernel, uint32_t tag,
+                           std::chrono::milliseconds timeout);
 
 } // namespace ddp::internal

@@ -424,39 +424,34 @@ std::shared_ptr<Work> ProcessGroupGloo::reduce_scatter(const at::Tensor& output,
   internal::ContiguousArguments args;
   std::vector<at::Tensor> keep = args.inputs(inputs);
   keep.push_back(args.output(output, who, "output"));
-  // Chunks may differ in size (inputs[r] is rank r's): ours starts after
-  // the lower ranks' chunks.
-  int64_t offset = 0;
   int64_t total = 0;
-  for (size_t r = 0; r < inputs.size(); ++r) {
-    offset += static_cast<int>(r) < rank() ? inputs[r].numel() : 0;
-    total += inputs[r].numel();
+  for (const auto& t : inputs) {
+    total += t.numel();
   }
-  // Gloo has no typed reduce-scatter for every dtype: we allreduce the packed
-  // inputs and keep our chunk. That moves twice the minimum bytes; NCCL has a
-  // native one.
+  // See Note [Direct reduce-scatter] in gloo_exchange_allreduce.cpp.
   internal::Fingerprint fingerprint{"reduce_scatter", output.scalar_type(), total, op};
   return impl_->enqueue(
       std::move(fingerprint), resolve_timeout(options.timeout), args.keep(keep),
       args.wrap([output = keep.back(), inputs = std::vector<at::Tensor>(keep.begin(), keep.end() - 1),
-                 kernel, op, size, offset, context](uint32_t tag, std::chrono::milliseconds timeout) {
-        std::vector<at::Tensor> views;
+                 kernel, op, size, context](uint32_t tag, std::chrono::milliseconds timeout) {
+        std::vector<at::Tensor> hosts;
+        std::vector<const void*> data;
+        std::vector<size_t> counts;
         for (const auto& t : inputs) {
-          views.push_back(t.reshape({-1}).cpu());
+          hosts.push_back(t.cpu()); // contiguous already (ContiguousArguments)
+          data.push_back(hosts.back().data_ptr());
+          counts.push_back(static_cast<size_t>(t.numel()));
         }
-        auto flat = at::cat(views);
-        if (flat.numel() > 0) {
-          gloo::AllreduceOptions o(context);
-          internal::set_output(o, flat);
-          o.setReduceFunction(kernel);
-          o.setTag(tag);
-          o.setTimeout(timeout);
-          gloo::allreduce(o);
-          if (op == ReduceOp::kAvg) {
-            flat.div_(size);
-          }
+        auto chunk = output.is_cpu() ? output.view({-1})
+                                     : at::empty({output.numel()}, output.options().device(at::kCPU));
+        internal::direct_reduce_scatter(context, data, counts, output.element_size(), chunk.data_ptr(),
+                                        kernel, tag, timeout);
+        if (op == ReduceOp::kAvg) {
+          chunk.div_(size);
         }
-        output.view({-1}).copy_(flat.narrow(0, offset, output.numel()));
+        if (!chunk.is_same(output.view({-1}))) {
+          output.view({-1}).copy_(chunk);
+        }
         return std::vector<at::Tensor>{output};
       }));
 }

@@ -1,0 +1,308 @@
+// ZeroRedundancyOptimizer against DDP with a plain Adam: the time of a
+// training step, and the memory each rank holds (docs/benchmarks.md,
+// "Sharded optimizer state").
+//
+// Usage:
+//   build/ddprun --nproc-per-node 2 --no-prefix build/bench/zero_bench --mode speed
+//       [--iters N] [--warmup N] [--rounds R]
+//   build/ddprun --nproc-per-node 2 --no-prefix build/bench/zero_bench --mode memory
+//       --variant ddp-adam|zero1|zero2 [--width N]
+//   DDP_BACKEND=mpi mpirun -np 2 build/bench/zero_bench [...]
+// (python3 bench/run_zero_bench.py runs them all and prints the ratios.)
+//
+// speed: the 25M-parameter MLP of ddp_step_bench (4 x Linear(2500, 2500),
+// ReLU between, batch 8, one intra-op thread), Adam lr 1e-4, in one launch:
+//   ddp-adam       DDP and torch::optim::Adam on every rank (the anchor)
+//   zero1          DDP and ZeroRedundancyOptimizer<Adam>
+//   zero1-overlap  the same, overlap_with(model)
+//   zero2-overlap  stage 2 (gradients reduce-scattered), overlap_with(model)
+// rounds alternate the four (R rounds, default 3, the order rotating), and
+// each variant's figure is the lowest of its per-round medians. Rank 0
+// prints one line per variant
+//   zero_bench mode=speed backend=gloo world=2 variant=zero1 params=25010000 median_ms=... ratio=1.02
+// (ratio: to ddp-adam's median in the same launch).
+//
+// memory: 4 x Linear(W, W) (W = 5000 by default: 100,020,000 parameters),
+// Adam, 3 steps of batch 4 under DDP (zero2: stage 2, overlapped). Each
+// rank measures the bytes of its optimizer state (the sum of every state
+// tensor's bytes), of the gradients it holds after the last backward
+// (`.grad` defined), and its peak resident set (getrusage's ru_maxrss,
+// which also counts DDP's gradient buckets, one copy of the gradients, and
+// the step's temporaries); rank 0 prints
+//   zero_bench mode=memory backend=gloo world=2 variant=zero1 params=100020000 largest_param_bytes=100000000 rank=R state_bytes=... grad_bytes=... peak_rss_mb=...
+// for each rank. Peak RSS is per process: launch each variant on its own.
+//
+// Exits 1 if a step fails, 2 on a bad command line.
+
+#include <torch/torch.h>
+
+#include <sys/resource.h>
+
+#include <algorithm>
+#include <chrono>
+#include <cstdint>
+#include <cstdio>
+#include <cstdlib>
+#include <exception>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include <ddp/ddp.h>
+
+namespace {
+
+constexpr int64_t kSpeedWidth = 2500;
+constexpr int64_t kLayers = 4;
+constexpr int64_t kSpeedBatch = 8;
+constexpr int64_t kMemoryBatch = 4;
+constexpr double kLearningRate = 1e-4;
+
+struct Config {
+  std::string mode;
+  std::string variant;
+  int64_t width = 5000;
+  int64_t iters = 10;
+  int64_t warmup = 2;
+  int64_t rounds = 3;
+};
+
+[[noreturn]] void usage_error(const std::string& message) {
+  std::fprintf(stderr,
+               "zero_bench: %s\n"
+               "usage: zero_bench --mode speed [--iters N] [--warmup N] [--rounds R]\n"
+               "       zero_bench --mode memory --variant ddp-adam|zero1|zero2 [--width N]\n",
+               message.c_str());
+  std::exit(2);
+}
+
+int64_t parse_count(const std::string& flag, const std::string& text, int64_t minimum) {
+  char* end = nullptr;
+  const long long value = std::strtoll(text.c_str(), &end, 10);
+  if (text.empty() || *end != '\0' || value < minimum) {
+    usage_error(flag + " must be an integer >= " + std::to_string(minimum) + " (got '" + text + "')");
+  }
+  return value;
+}
+
+Config parse_args(int argc, char** argv) {
+  Config config;
+  for (int i = 1; i < argc; ++i) {
+    const std::string flag = argv[i];
+    if (i + 1 >= argc) {
+      usage_error("missing value after '" + flag + "'");
+    }
+    const std::string value = argv[++i];
+    if (flag == "--mode") {
+      config.mode = value;
+    } else if (flag == "--variant") {
+      config.variant = value;
+    } else if (flag == "--width") {
+      config.width = parse_count(flag, value, 1);
+    } else if (flag == "--iters") {
+      config.iters = parse_count(flag, value, 1);
+    } else if (flag == "--warmup") {
+      config.warmup = parse_count(flag, value, 0);
+    } else if (flag == "--rounds") {
+      config.rounds = parse_count(flag, value, 1);
+    } else {
+      usage_error("unknown flag '" + flag + "'");
+    }
+  }
+  if (config.mode != "speed" && config.mode != "memory") {
+    usage_error("--mode must be speed or memory (got '" + config.mode + "')");
+  }
+  if (config.mode == "memory" && config.variant != "ddp-adam" && config.variant != "zero1" &&
+      config.variant != "zero2") {
+    usage_error("--mode memory needs --variant ddp-adam, zero1 or zero2 (got '" + config.variant + "')");
+  }
+  return config;
+}
+
+torch::nn::Sequential make_mlp(int64_t width) {
+  torch::nn::Sequential net;
+  for (int64_t i = 0; i < kLayers; ++i) {
+    net->push_back(torch::nn::Linear(width, width));
+    if (i + 1 < kLayers) {
+      net->push_back(torch::nn::ReLU());
+    }
+  }
+  return net;
+}
+
+int64_t parameter_count(const torch::nn::Module& module) {
+  int64_t count = 0;
+  for (const auto& p : module.parameters()) {
+    count += p.numel();
+  }
+  return count;
+}
+
+// The bytes of every tensor in `optimizer`'s state (Adam: exp_avg and
+// exp_avg_sq, and max_exp_avg_sq with amsgrad; step is a number).
+int64_t state_bytes(torch::optim::Optimizer& optimizer) {
+  int64_t bytes = 0;
+  for (const auto& [key, state] : optimizer.state()) {
+    (void)key;
+    if (auto* adam = dynamic_cast<torch::optim::AdamParamState*>(state.get())) {
+      bytes += static_cast<int64_t>(adam->exp_avg().nbytes() + adam->exp_avg_sq().nbytes());
+      if (adam->max_exp_avg_sq().defined()) {
+        bytes += static_cast<int64_t>(adam->max_exp_avg_sq().nbytes());
+      }
+    }
+  }
+  return bytes;
+}
+
+double peak_rss_mb() {
+  struct rusage usage {};
+  ::getrusage(RUSAGE_SELF, &usage);
+  return static_cast<double>(usage.ru_maxrss) / 1024.0; // KiB on Linux
+}
+
+using Clock = std::chrono::steady_clock;
+
+struct Variant {
+  std::string name;
+  torch::nn::Sequential net;
+  std::shared_ptr<ddp::DistributedDataParallel> model;
+  std::unique_ptr<torch::optim::Optimizer> optimizer;
+  std::vector<double> medians; // per round
+};
+
+Variant make_variant(const std::string& name, int64_t width, bool bucket_view) {
+  torch::manual_seed(0);
+  Variant v{name, make_mlp(width), nullptr, nullptr, {}};
+  v.model = std::make_shared<ddp::DistributedDataParallel>(
+      v.net, ddp::DistributedDataParallelOptions().gradient_as_bucket_view(bucket_view));
+  const auto options = torch::optim::AdamOptions(kLearningRate);
+  if (name == "ddp-adam") {
+    v.optimizer = std::make_unique<torch::optim::Adam>((*v.model)->parameters(), options);
+  } else {
+    const bool stage2 = name.rfind("zero2", 0) == 0;
+    auto zero = std::make_unique<ddp::optim::ZeroRedundancyOptimizer<torch::optim::Adam>>(
+        (*v.model)->parameters(), options,
+        ddp::optim::ZeroRedundancyOptimizerOptions().stage(stage2 ? 2 : 1));
+    if (stage2 || name == "zero1-overlap") {
+      zero->overlap_with(*v.model);
+    }
+    v.optimizer = std::move(zero);
+  }
+  return v;
+}
+
+void step(Variant& v, const torch::Tensor& x, const torch::Tensor& y) {
+  v.optimizer->zero_grad();
+  torch::mse_loss((*v.model)->forward(x), y).backward();
+  v.optimizer->step();
+}
+
+// The per-step times of `iters` steps, each the slowest rank's.
+std::vector<double> time_steps(ddp::ProcessGroup& group, Variant& v, const torch::Tensor& x,
+                               const torch::Tensor& y, int64_t warmup, int64_t iters) {
+  for (int64_t i = 0; i < warmup; ++i) {
+    step(v, x, y);
+  }
+  auto times = torch::empty({iters}, torch::kDouble);
+  for (int64_t i = 0; i < iters; ++i) {
+    const auto start = Clock::now();
+    step(v, x, y);
+    times[i] = std::chrono::duration<double, std::milli>(Clock::now() - start).count();
+  }
+  group.allreduce(times, {ddp::ReduceOp::kMax})->wait();
+  std::vector<double> sorted(times.data_ptr<double>(), times.data_ptr<double>() + iters);
+  std::sort(sorted.begin(), sorted.end());
+  return sorted;
+}
+
+int run_speed(ddp::ProcessGroup& group, const Config& config) {
+  const std::vector<std::string> names = {"ddp-adam", "zero1", "zero1-overlap", "zero2-overlap"};
+  std::vector<Variant> variants;
+  for (const auto& name : names) {
+    variants.push_back(make_variant(name, kSpeedWidth, false));
+  }
+  torch::manual_seed(1 + group.rank());
+  const auto x = torch::randn({kSpeedBatch, kSpeedWidth});
+  const auto y = torch::randn({kSpeedBatch, kSpeedWidth});
+  for (int64_t round = 0; round < config.rounds; ++round) {
+    for (size_t k = 0; k < variants.size(); ++k) {
+      auto& v = variants[(k + static_cast<size_t>(round)) % variants.size()];
+      const auto times = time_steps(group, v, x, y, config.warmup, config.iters);
+      v.medians.push_back(times[times.size() / 2]);
+    }
+  }
+  if (group.rank() == 0) {
+    const double anchor = *std::min_element(variants[0].medians.begin(), variants[0].medians.end());
+    for (const auto& v : variants) {
+      const double best = *std::min_element(v.medians.begin(), v.medians.end());
+      std::string rounds;
+      for (const double m : v.medians) {
+        rounds += (rounds.empty() ? "" : ",") + std::to_string(m).substr(0, 7);
+      }
+      std::printf("zero_bench mode=speed backend=%s world=%d variant=%s params=%lld median_ms=%.1f "
+                  "ratio=%.3f rounds_ms=%s\n",
+                  group.backend_name().c_str(), group.size(), v.name.c_str(),
+                  static_cast<long long>(parameter_count(*v.net)), best, best / anchor, rounds.c_str());
+    }
+    std::fflush(stdout);
+  }
+  return 0;
+}
+
+int run_memory(ddp::ProcessGroup& group, const Config& config) {
+  auto v = make_variant(config.variant == "zero2" ? "zero2-overlap" : config.variant, config.width, false);
+  torch::manual_seed(1 + group.rank());
+  const auto x = torch::randn({kMemoryBatch, config.width});
+  const auto y = torch::randn({kMemoryBatch, config.width});
+  for (int i = 0; i < 3; ++i) {
+    step(v, x, y);
+  }
+  torch::optim::Optimizer& holder =
+      config.variant != "ddp-adam"
+          ? static_cast<ddp::optim::ZeroRedundancyOptimizerBase&>(*v.optimizer).local_optimizer()
+          : *v.optimizer;
+  int64_t grad_bytes = 0;
+  for (const auto& p : v.net->parameters()) {
+    grad_bytes += p.grad().defined() ? static_cast<int64_t>(p.grad().nbytes()) : 0;
+  }
+  auto mine = torch::tensor({static_cast<double>(state_bytes(holder)), static_cast<double>(grad_bytes),
+                             peak_rss_mb()},
+                            torch::kDouble);
+  std::vector<torch::Tensor> all;
+  for (int r = 0; r < group.size(); ++r) {
+    all.push_back(torch::empty({3}, torch::kDouble));
+  }
+  group.allgather(all, mine)->wait();
+  if (group.rank() == 0) {
+    int64_t largest = 0;
+    for (const auto& p : v.net->parameters()) {
+      largest = std::max<int64_t>(largest, static_cast<int64_t>(p.nbytes()));
+    }
+    for (int r = 0; r < group.size(); ++r) {
+      const auto* f = all[static_cast<size_t>(r)].data_ptr<double>();
+      std::printf("zero_bench mode=memory backend=%s world=%d variant=%s params=%lld "
+                  "largest_param_bytes=%lld rank=%d state_bytes=%.0f grad_bytes=%.0f peak_rss_mb=%.0f\n",
+                  group.backend_name().c_str(), group.size(), config.variant.c_str(),
+                  static_cast<long long>(parameter_count(*v.net)), static_cast<long long>(largest), r, f[0],
+                  f[1], f[2]);
+    }
+    std::fflush(stdout);
+  }
+  return 0;
+}
+
+} // namespace
+
+int main(int argc, char** argv) {
+  const Config config = parse_args(argc, argv);
+  try {
+    torch::set_num_threads(1);
+    auto group = ddp::init_process_group();
+    const int status = config.mode == "speed" ? run_speed(*group, config) : run_memory(*group, config);
+    ddp::destroy_process_group();
+    return status;
+  } catch (const std::exception& e) {
+    std::fprintf(stderr, "zero_bench: %s\n", e.what());
+    return 1;
+  }
+}
