@@ -8,7 +8,8 @@
 //   build/ddprun --nproc-per-node 2 --no-prefix build/bench/zero_bench --mode memory
 //       --variant ddp-adam|zero1|zero2 [--width N]
 //   DDP_BACKEND=mpi mpirun -np 2 build/bench/zero_bench [...]
-// (python3 bench/run_zero_bench.py runs them all and prints the ratios.)
+// (docs/benchmarks.md, "Sharded optimizer state", has the commands and the
+// figures.)
 //
 // speed: the 25M-parameter MLP of ddp_step_bench (4 x Linear(2500, 2500),
 // ReLU between, batch 8, one intra-op thread), Adam lr 1e-4, in one launch:
