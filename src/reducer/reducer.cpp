@@ -542,7 +542,7 @@ void Reducer::launch_ready_buckets() {
   while (next_bucket_ < buckets_.size() && buckets_[next_bucket_].pending == 0) {
     if (finishes_early()) {
       // See Note [Bucket reduced hook] in reducer_finalize.cpp.
-      while (next_finished_ < next_bucket_) {
+      while (next_bucket_ - next_finished_ > kUnfinishedAtLaunch) {
         early_comm_wait_ms_ += wait_for_bucket(next_finished_);
         write_back_bucket(next_finished_++, config_.static_graph ? static_usage_ : at::Tensor());
       }

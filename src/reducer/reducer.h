@@ -185,6 +185,9 @@ class Reducer {
   BucketReducedHook bucket_reduced_hook_; // guarded by mutex_
   std::function<bool(const at::Tensor&)> write_back_filter_; // guarded by mutex_
   size_t next_finished_ = 0;              // buckets finished this iteration; guarded by mutex_
+  // Buckets launched and not yet finished that may remain when the next is
+  // launched, with a bucket reduced hook: Note [Bucket reduced hook].
+  static constexpr size_t kUnfinishedAtLaunch = 1;
   double early_comm_wait_ms_ = 0;         // spent waiting in finish_bucket so far; guarded by mutex_
   // No hook registered: see Note [Built-in allreduce]. Guarded by mutex_.
   bool builtin_hook_ = true;

@@ -7,14 +7,16 @@
 // A bucket reduced hook (ZeroRedundancyOptimizer's overlap with backward)
 // runs after each bucket is written back. With one registered, and when no
 // usage map has to be reduced first (find_unused_parameters off, or a
-// static graph past its first iteration), bucket b - 1 is finished just
-// before bucket b is launched, during backward: the hook's own collectives
-// (the owners' broadcasts) then come between the gradient allreduces at the
-// same place on every rank, whatever the timing, and the work they start
-// runs while backward computes bucket b. The cost is that backward waits
-// there for bucket b - 1's reduction, which has had the time that bucket b
-// took to fill. The remaining buckets are finished in the final callback,
-// as without a hook.
+// static graph past its first iteration), bucket b - 2 is finished just
+// before bucket b is launched (kUnfinishedAtLaunch buckets stay in flight),
+// during backward: the hook's own collectives (the owners' broadcasts) then
+// come between the gradient allreduces at the same place on every rank,
+// whatever the timing, and the work they start runs while backward computes
+// bucket b. The cost is that backward waits there for bucket b - 2's
+// reduction, which has had the time that buckets b - 1 and b took to fill
+// (with a wait for bucket b - 1 instead, Gloo's overlapped ZeRO step measured
+// 1.16x DDP's; with b - 2, about 1.0x: docs/benchmarks.md). The remaining
+// buckets are finished in the final callback, as without a hook.
 
 #include "reducer/reducer.h"
 
