@@ -56,8 +56,9 @@ const char* usage() {
          "  --powersgd-rank N      PowerSGD's matrix approximation rank (default 1)\n"
          "  --powersgd-start-iter N  plain steps before PowerSGD compresses (default 10,\n"
          "                         at least 2)\n"
-         "  --optimizer-sharding S  where SGD's momentum lives: none (every rank) or zero1\n"
-         "                         (sharded, ZeroRedundancyOptimizer; default none)\n"
+         "  --optimizer-sharding S  where SGD's momentum lives: none (every rank), zero1\n"
+         "                         (sharded, ZeroRedundancyOptimizer) or zero2 (gradients\n"
+         "                         sharded too, steps during backward; default none)\n"
          "  -h, --help             print this and exit\n";
 }
 
@@ -86,8 +87,8 @@ Flags parse_flags(int argc, char** argv) {
        }},
       {"--optimizer-sharding",
        [&](auto& f, auto& v) {
-         if (v != "none" && v != "zero1") {
-           throw FlagError(f + " must be none or zero1 (got '" + v + "')");
+         if (v != "none" && v != "zero1" && v != "zero2") {
+           throw FlagError(f + " must be none, zero1 or zero2 (got '" + v + "')");
          }
          flags.optimizer_sharding = v;
        }},

@@ -47,8 +47,9 @@ struct Flags {
   /// PowerSGD's start_powerSGD_iter: plain steps before compression starts.
   int64_t powersgd_start_iter = 10;
   /// Where SGD's state (its momentum buffers) lives: "none" (every rank
-  /// keeps all of it) or "zero1" (ddp::optim::ZeroRedundancyOptimizer: each
-  /// rank keeps its shard).
+  /// keeps all of it), "zero1" (ddp::optim::ZeroRedundancyOptimizer: each
+  /// rank keeps its shard) or "zero2" (the gradients sharded too, the steps
+  /// run during backward).
   std::string optimizer_sharding = "none";
   /// Print the usage and exit.
   bool help = false;

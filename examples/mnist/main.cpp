@@ -465,12 +465,19 @@ int train(const Flags& flags, const ddp::WorldInfo& world, torch::Device device,
     model->register_comm_hook(ddp::comm_hooks::bf16_compress());
   }
   // With --optimizer-sharding zero1 each rank keeps the momentum of its
-  // shard of the parameters only; the loop below is the same either way.
+  // shard of the parameters only; with zero2 also only its shard's
+  // gradients, and each bucket's step runs during backward. The loop below
+  // is the same either way.
   const auto sgd_options = torch::optim::SGDOptions(flags.lr).momentum(flags.momentum);
   std::unique_ptr<torch::optim::Optimizer> sgd;
-  if (flags.optimizer_sharding == "zero1") {
-    sgd = std::make_unique<ddp::optim::ZeroRedundancyOptimizer<torch::optim::SGD>>(
-        model->parameters(), sgd_options);
+  if (flags.optimizer_sharding != "none") {
+    const int stage = flags.optimizer_sharding == "zero2" ? 2 : 1;
+    auto zero = std::make_unique<ddp::optim::ZeroRedundancyOptimizer<torch::optim::SGD>>(
+        model->parameters(), sgd_options, ddp::optim::ZeroRedundancyOptimizerOptions().stage(stage));
+    if (stage == 2) {
+      zero->overlap_with(model);
+    }
+    sgd = std::move(zero);
   } else {
     sgd = std::make_unique<torch::optim::SGD>(model->parameters(), sgd_options);
   }
@@ -500,7 +507,9 @@ int train(const Flags& flags, const ddp::WorldInfo& world, torch::Device device,
                 static_cast<long long>(flags.batch_size),
                 static_cast<long long>(flags.batch_size * group->size()), flags.lr,
                 flags.momentum,
-                flags.optimizer_sharding == "zero1" ? ", sharded over the ranks (zero1)" : "");
+                flags.optimizer_sharding == "none"
+                    ? ""
+                    : (", sharded over the ranks (" + flags.optimizer_sharding + ")").c_str());
     if (powersgd) {
       std::printf("mnist_train: communication hook powersgd: rank %lld, plain for the first %lld "
                   "steps\n",

@@ -25,7 +25,9 @@
 #     --optimizer-sharding zero1 (each rank keeps the momentum of its shard)
 #     must end bit for bit where the unsharded run ends, straight, stopped
 #     after epoch 1 and resumed, and resumed from the unsharded run's epoch-1
-#     checkpoint (a plain optimizer's state loaded into the sharded one).
+#     checkpoint (a plain optimizer's state loaded into the sharded one); and
+#     so must --optimizer-sharding zero2 (on 2 ranks the reduce-scatter's
+#     sums and halvings are exactly the allreduce's).
 #   run_mnist_train_test.sh DDPRUN MNIST_TRAIN WORK_DIR idx
 #     Reads a small data set in MNIST's IDX format with --data, and reports a
 #     truncated file clearly.
@@ -200,11 +202,15 @@ case "$mode" in
       fail "the sharded run did not resume from the unsharded run's epoch 1"
     a=$(checksum "$work/plain.log")
     [ -n "$a" ] || fail "no checksum in the unsharded run's output"
-    for name in sharded resumed from_plain; do
+    # shellcheck disable=SC2086
+    run stage2 $common --checkpoint-dir "$work/stage2" --optimizer-sharding zero2
+    grep -q 'SGD lr 0.03 momentum 0.9, sharded over the ranks (zero2)' "$work/stage2.log" ||
+      fail "mnist_train did not say that its gradients are sharded"
+    for name in sharded resumed from_plain stage2; do
       b=$(checksum "$work/$name.log")
       [ "$a" = "$b" ] || fail "final parameters differ: checksum $a unsharded, $b $name"
     done
-    echo "OK: sharded SGD state (zero1) ends where the unsharded run ends, straight, resumed and resumed from an unsharded checkpoint (checksum $a)"
+    echo "OK: sharded SGD state (zero1) ends where the unsharded run ends, straight, resumed and resumed from an unsharded checkpoint, and so do sharded gradients (zero2) (checksum $a)"
     ;;
   idx)
     mkdir -p "$work/data"
