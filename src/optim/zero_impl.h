@@ -114,6 +114,10 @@ struct ZeroRedundancyOptimizerBase::Impl {
   // step() with overlap: finishes the broadcasts, steps and broadcasts
   // what no bucket covered.
   void finish_overlapped_step(const std::vector<OptimizerParamGroup>& groups);
+  // Expires with this Impl: stage 2's communication hook, which the model
+  // keeps for good (a hook cannot be replaced after the first backward),
+  // checks it and falls back to the default allreduce once we are gone.
+  std::shared_ptr<char> alive = std::make_shared<char>(0);
   // Stage 2: the owner of the parameter named `name` in the model, or -1.
   std::unordered_map<std::string, const void*> model_names;
   int owner_by_name(const std::string& name) const {

@@ -80,7 +80,12 @@ void ZeroRedundancyOptimizerBase::overlap_with(DistributedDataParallel& model) {
     for (const auto& item : model->module()->named_parameters()) {
       impl->model_names[item.key()] = item.value().unsafeGetTensorImpl();
     }
-    model->register_comm_hook([impl](ProcessGroup& pg, GradBucket& bucket) {
+    const auto fallback = comm_hooks::allreduce();
+    model->register_comm_hook([impl, alive = std::weak_ptr<char>(impl->alive), fallback](
+                                  ProcessGroup& pg, GradBucket& bucket) {
+      if (alive.expired()) {
+        return fallback(pg, bucket); // the optimizer is gone: plain DDP from here
+      }
       return impl->reduce_scatter_bucket(pg, bucket);
     });
   }

@@ -546,6 +546,32 @@ void steps_during_backward(Report& report, ddp::ProcessGroup& group) {
   }
 }
 
+// A stage-2 optimizer destroyed before its model: the model's backward goes
+// on as plain DDP (every gradient reduced and written back).
+void stage2_outlived(Report& report, ddp::ProcessGroup& group) {
+  report.begin_case("stage 2: the model outlives the optimizer");
+  auto net = ddp_test::make_closed_form_mlp();
+  ddp::DistributedDataParallel model(net, tiny_buckets());
+  {
+    ddp::optim::ZeroRedundancyOptimizer<torch::optim::SGD> zero(
+        net->parameters(), torch::optim::SGDOptions(0.1), ddp::optim::ZeroRedundancyOptimizerOptions().stage(2));
+    zero.overlap_with(model);
+    train_zero(model, zero, 0, 2);
+  }
+  torch::optim::SGD plain(net->parameters(), torch::optim::SGDOptions(0.1));
+  auto [x, y] = ddp_test::rank_batch(2, group.rank(), group.size());
+  plain.zero_grad();
+  mse(model->forward(x), y).backward();
+  std::vector<torch::Tensor> grads;
+  for (const auto& p : net->parameters()) {
+    report.expect(p.grad().defined(), "a gradient is undefined after the optimizer is gone");
+    grads.push_back(p.grad().defined() ? p.grad() : torch::zeros_like(p));
+  }
+  report.expect(ddp_test::max_difference_from_rank0(group, grads) == 0,
+                "the ranks' gradients differ after the optimizer is gone");
+  report.end_case();
+}
+
 // overlap_with refuses a model over other parameters; Join refuses an
 // overlapped model.
 void overlap_errors(Report& report) {
@@ -627,6 +653,7 @@ int main(int argc, char** argv) {
     Overlap stage2_unused{"stage 2, find_unused_parameters", tiny_buckets().find_unused_parameters(true)};
     stage2_unused.stage = 2;
     parity(report, *group, adam, stage2_unused);
+    stage2_outlived(report, *group);
     overlap_errors(report);
     shards(report, *group);
     added_group(report, *group);
