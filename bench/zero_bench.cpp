@@ -6,7 +6,7 @@
 //   build/ddprun --nproc-per-node 2 --no-prefix build/bench/zero_bench --mode speed
 //       [--iters N] [--warmup N] [--rounds R]
 //   build/ddprun --nproc-per-node 2 --no-prefix build/bench/zero_bench --mode memory
-//       --variant ddp-adam|zero1|zero2 [--width N]
+//       --variant ddp-adam|zero1|zero2 [--width N] [--layers L]
 //   DDP_BACKEND=mpi mpirun -np 2 build/bench/zero_bench [...]
 // (docs/benchmarks.md, "Sharded optimizer state", has the commands and the
 // figures.)
@@ -23,7 +23,8 @@
 //   zero_bench mode=speed backend=gloo world=2 variant=zero1 params=25010000 median_ms=... ratio=1.02
 // (ratio: to ddp-adam's median in the same launch).
 //
-// memory: 4 x Linear(W, W) (W = 5000 by default: 100,020,000 parameters),
+// memory: L x Linear(W, W) (L = 4, W = 5000 by default: 100,020,000 parameters;
+// --layers 16 --width 2500: 100,040,000 in parameters of 25 MB),
 // Adam, 3 steps of batch 4 under DDP (zero2: stage 2, overlapped). Each
 // rank measures the bytes of its optimizer state (the sum of every state
 // tensor's bytes), of the gradients it holds after the last backward
@@ -63,6 +64,7 @@ struct Config {
   std::string mode;
   std::string variant;
   int64_t width = 5000;
+  int64_t layers = 4;
   int64_t iters = 10;
   int64_t warmup = 2;
   int64_t rounds = 3;
@@ -72,7 +74,7 @@ struct Config {
   std::fprintf(stderr,
                "zero_bench: %s\n"
                "usage: zero_bench --mode speed [--iters N] [--warmup N] [--rounds R]\n"
-               "       zero_bench --mode memory --variant ddp-adam|zero1|zero2 [--width N]\n",
+               "       zero_bench --mode memory --variant ddp-adam|zero1|zero2 [--width N] [--layers L]\n",
                message.c_str());
   std::exit(2);
 }
@@ -100,6 +102,8 @@ Config parse_args(int argc, char** argv) {
       config.variant = value;
     } else if (flag == "--width") {
       config.width = parse_count(flag, value, 1);
+    } else if (flag == "--layers") {
+      config.layers = parse_count(flag, value, 1);
     } else if (flag == "--iters") {
       config.iters = parse_count(flag, value, 1);
     } else if (flag == "--warmup") {
@@ -120,11 +124,11 @@ Config parse_args(int argc, char** argv) {
   return config;
 }
 
-torch::nn::Sequential make_mlp(int64_t width) {
+torch::nn::Sequential make_mlp(int64_t width, int64_t layers) {
   torch::nn::Sequential net;
-  for (int64_t i = 0; i < kLayers; ++i) {
+  for (int64_t i = 0; i < layers; ++i) {
     net->push_back(torch::nn::Linear(width, width));
-    if (i + 1 < kLayers) {
+    if (i + 1 < layers) {
       net->push_back(torch::nn::ReLU());
     }
   }
@@ -171,9 +175,9 @@ struct Variant {
   std::vector<double> medians; // per round
 };
 
-Variant make_variant(const std::string& name, int64_t width, bool bucket_view) {
+Variant make_variant(const std::string& name, int64_t width, bool bucket_view, int64_t layers = kLayers) {
   torch::manual_seed(0);
-  Variant v{name, make_mlp(width), nullptr, nullptr, {}};
+  Variant v{name, make_mlp(width, layers), nullptr, nullptr, {}};
   v.model = std::make_shared<ddp::DistributedDataParallel>(
       v.net, ddp::DistributedDataParallelOptions().gradient_as_bucket_view(bucket_view));
   const auto options = torch::optim::AdamOptions(kLearningRate);
@@ -251,7 +255,8 @@ int run_speed(ddp::ProcessGroup& group, const Config& config) {
 }
 
 int run_memory(ddp::ProcessGroup& group, const Config& config) {
-  auto v = make_variant(config.variant == "zero2" ? "zero2-overlap" : config.variant, config.width, false);
+  auto v = make_variant(config.variant == "zero2" ? "zero2-overlap" : config.variant, config.width, false,
+                        config.layers);
   torch::manual_seed(1 + group.rank());
   const auto x = torch::randn({kMemoryBatch, config.width});
   const auto y = torch::randn({kMemoryBatch, config.width});

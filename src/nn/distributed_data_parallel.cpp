@@ -444,10 +444,10 @@ void DistributedDataParallelImpl::register_comm_hook(CommHook hook) {
 }
 
 void DistributedDataParallelImpl::register_bucket_reduced_hook(
-    BucketReducedHook hook, std::function<bool(const at::Tensor&)> write_back) {
+    BucketReducedHook hook, std::function<int(const at::Tensor&)> gradient_owner) {
   DDP_CHECK(state_->join == nullptr, who(*state_->group),
             " register_bucket_reduced_hook: not while a ddp::Join is live");
-  state_->reducer->set_bucket_reduced_hook(std::move(hook), std::move(write_back));
+  state_->reducer->set_bucket_reduced_hook(std::move(hook), std::move(gradient_owner));
 }
 
 IterationInsight DistributedDataParallelImpl::last_iteration_insight() const {

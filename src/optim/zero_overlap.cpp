@@ -15,17 +15,21 @@
 // step() finishes the rest.
 //
 // Note [ZeRO stage 2]
-// With stage 2, overlap_with also registers reduce_scatter_bucket as the
-// model's communication hook: the bucket's gradients are packed per owner
-// (each owner's in bucket order) and reduce-scattered, so that each rank
-// receives the sums of its own parameters' gradients only, which it writes,
-// divided by the world size, into their places in the bucket; the other places keep this rank's own gradients, which DDP does
-// not write back (overlap_with's write-back filter): their `.grad` is left
-// undefined. Reduce-scatter plus the owners'
-// broadcasts move the bytes of one allreduce: stage 2's step costs DDP's
-// communication, where stage 1 adds the broadcasts to the allreduce. A
-// bucket with a parameter the optimizer does not hold (or a sparse one) is
-// all-reduced as by the default hook.
+// With stage 2, overlap_with gives DDP each parameter's owner and registers
+// reduce_scatter_bucket as the model's communication hook. DDP then lays
+// each bucket out by owner, in rank order (Note [Released buckets] in
+// src/reducer/reducer_finalize.cpp), so that each owner's gradients are one
+// range of the bucket, and the hook reduce-scatters those ranges in place:
+// each rank receives the sums of its own parameters' gradients only, which
+// it writes, divided by the world size, into their places in the bucket.
+// DDP writes back only those; a parameter another rank owns has no `.grad`
+// from the moment its gradient is in the bucket, and the bucket itself is
+// released once written back, so that a rank holds its own parameters'
+// gradients (about 1/N) and the buckets in flight. Reduce-scatter plus the
+// owners' broadcasts move the bytes of one allreduce: stage 2's step costs
+// DDP's communication, where stage 1 adds the broadcasts to the allreduce.
+// A bucket with a parameter the optimizer does not hold (or a sparse one)
+// is all-reduced as by the default hook.
 //
 // Each parameter is updated by the same arithmetic as without overlap, so
 // the results are the same bit for bit, from the first iteration on (PyTorch
@@ -36,6 +40,32 @@
 #include "optim/zero_impl.h"
 
 namespace ddp::optim {
+
+namespace {
+// `parts`, views into `buffer`, as one tensor: the range of the buffer they
+// tile when they do (DDP lays a stage-2 bucket out by owner: Note [Released
+// buckets] in src/reducer/reducer_finalize.cpp), else a copy.
+at::Tensor contiguous_range(const at::Tensor& buffer, const std::vector<at::Tensor>& parts) {
+  if (parts.empty()) {
+    return at::empty({0}, buffer.options());
+  }
+  int64_t begin = 0;
+  int64_t end = 0;
+  int64_t total = 0;
+  bool first = true;
+  for (const auto& part : parts) {
+    if (!part.is_alias_of(buffer)) {
+      return at::cat(parts);
+    }
+    const int64_t from = part.storage_offset() - buffer.storage_offset();
+    begin = first ? from : std::min(begin, from);
+    end = first ? from + part.numel() : std::max(end, from + part.numel());
+    total += part.numel();
+    first = false;
+  }
+  return end - begin == total ? buffer.narrow(0, begin, total) : at::cat(parts);
+}
+} // namespace
 
 void ZeroRedundancyOptimizerBase::overlap_with(DistributedDataParallel& model) {
   const auto who = impl_->who("overlap_with");
@@ -59,21 +89,23 @@ void ZeroRedundancyOptimizerBase::overlap_with(DistributedDataParallel& model) {
             " are the same tensors; the optimizer must hold exactly the model's parameters");
   Impl* impl = impl_.get(); // the hook is removed by our destructor
   std::vector<OptimizerParamGroup>* groups = &param_groups_;
-  std::function<bool(const at::Tensor&)> write_back;
+  std::function<int(const at::Tensor&)> gradient_owner;
   if (impl_->stage == 2) {
-    // The gradients of others' parameters were never reduced here: DDP
-    // leaves them undefined instead of writing them (Note [ZeRO stage 2]).
-    write_back = [impl](const at::Tensor& param) {
+    // The gradients of others' parameters are never reduced here: DDP
+    // leaves them undefined (Note [ZeRO stage 2]). A parameter of a group
+    // added since the last step has no owner yet: every rank keeps it.
+    gradient_owner = [impl](const at::Tensor& param) {
       const auto position = impl->position_of.find(param.unsafeGetTensorImpl());
-      return position == impl->position_of.end() ||
-             impl->owners[position->second.first][position->second.second] == impl->group->rank();
+      return position == impl->position_of.end()
+          ? -1
+          : impl->owners[position->second.first][position->second.second];
     };
   }
   model->register_bucket_reduced_hook(
       [impl, groups](size_t index, const std::vector<at::Tensor>& params) {
         impl->on_bucket_reduced(*groups, index, params);
       },
-      std::move(write_back));
+      std::move(gradient_owner));
   impl_->overlapped_model = model.ptr();
   impl_->overlapping = true;
   if (impl_->stage == 2) {
@@ -116,7 +148,7 @@ std::shared_ptr<Work> ZeroRedundancyOptimizerBase::Impl::reduce_scatter_bucket(P
   }
   std::vector<at::Tensor> inputs;
   for (const auto& parts : per_owner) {
-    inputs.push_back(parts.empty() ? at::empty({0}, buffer.options()) : at::cat(parts));
+    inputs.push_back(contiguous_range(buffer, parts));
   }
   const int rank = pg.rank();
   auto output = at::empty_like(inputs[static_cast<size_t>(rank)]);

@@ -86,15 +86,6 @@
 
 namespace ddp::internal {
 
-namespace {
-using Clock = std::chrono::steady_clock;
-
-double ms_between(Clock::time_point from, Clock::time_point to) {
-  return std::chrono::duration<double, std::milli>(to - from).count();
-}
-
-} // namespace
-
 Reducer::Reducer(std::vector<at::Tensor> parameters, std::vector<std::string> names,
                  std::shared_ptr<ProcessGroup> group, ReducerConfig config)
     : parameters_(std::move(parameters)),
@@ -179,8 +170,10 @@ std::vector<GradientSpec> Reducer::gradient_specs() const {
   return specs;
 }
 
-size_t Reducer::bucket_bytes(const Bucket& bucket) {
-  return bucket.sparse ? bucket.sparse_bytes : static_cast<size_t>(bucket.buffer.nbytes());
+size_t Reducer::bucket_bytes(const Bucket& bucket) const {
+  return bucket.sparse ? bucket.sparse_bytes
+                       : static_cast<size_t>(bucket.numel) *
+          parameters_[bucket.variable_indices.front()].element_size();
 }
 
 void Reducer::initialize_buckets(const std::vector<std::vector<size_t>>& assignment) {
@@ -202,40 +195,66 @@ void Reducer::initialize_buckets(const std::vector<std::vector<size_t>>& assignm
       buckets.push_back(std::move(bucket));
       continue;
     }
-    int64_t total = 0;
-    for (size_t index : assignment[b]) {
-      total += parameters_[index].numel();
-    }
-    const auto& first = parameters_[assignment[b].front()];
-    // A collective: every rank builds the same buckets at the same point
-    // (here, at construction, or after rebuild_buckets_if_due's broadcast).
-    bucket.buffer = group_->allocate_collective_buffer(total, first.options().requires_grad(false));
     std::vector<std::string> names;
-    int64_t offset = 0;
     for (size_t k = 0; k < assignment[b].size(); ++k) {
       const size_t index = assignment[b][k];
-      const auto& p = parameters_[index];
-      // Shares the buffer's storage without being an autograd view, so that
-      // LibTorch's Optimizer::zero_grad() may detach_() it (it cannot detach
-      // a view in place).
-      auto view = at::empty({0}, bucket.buffer.options());
-      view.set_(bucket.buffer.storage(), offset, p.sizes(), c10::contiguous_strides(p.sizes()));
-      // See Note [Bucket views]: keep the gradient the user already has.
-      if (config_.gradient_as_bucket_view && p.grad().defined()) {
-        view.copy_(p.grad());
-        const_cast<at::Tensor&>(p).mutable_grad() = view;
-      }
-      bucket.views.push_back(view);
+      bucket.numel += parameters_[index].numel();
       bucket.variable_indices.push_back(index);
       names.push_back(names_[index]);
       locators[index] = {b, k};
-      offset += p.numel();
+    }
+    // A collective: every rank builds the same buckets at the same point
+    // (here, at construction, or after rebuild_buckets_if_due's broadcast).
+    if (!releases_buckets()) {
+      allocate_bucket(bucket, true);
     }
     bucket.parameter_names = std::make_shared<const std::vector<std::string>>(std::move(names));
     buckets.push_back(std::move(bucket));
   }
   buckets_ = std::move(buckets);
   locators_ = std::move(locators);
+}
+
+void Reducer::allocate_bucket(Bucket& bucket, bool collective) {
+  const auto options = parameters_[bucket.variable_indices.front()].options().requires_grad(false);
+  bucket.buffer = collective ? group_->allocate_collective_buffer(bucket.numel, options)
+                             : at::empty({bucket.numel}, options);
+  // Where each variable goes: in bucket order, or grouped by gradient owner
+  // (Note [Released buckets]).
+  const size_t n = bucket.variable_indices.size();
+  std::vector<int64_t> offsets(n);
+  std::vector<size_t> order(n);
+  for (size_t k = 0; k < n; ++k) {
+    order[k] = k;
+  }
+  if (gradient_owner_) {
+    std::vector<int> owner(n);
+    for (size_t k = 0; k < n; ++k) {
+      owner[k] = gradient_owner_(parameters_[bucket.variable_indices[k]]);
+    }
+    std::stable_sort(order.begin(), order.end(), [&](size_t a, size_t b) { return owner[a] < owner[b]; });
+  }
+  int64_t offset = 0;
+  for (const size_t k : order) {
+    offsets[k] = offset;
+    offset += parameters_[bucket.variable_indices[k]].numel();
+  }
+  bucket.views.clear();
+  for (size_t k = 0; k < n; ++k) {
+    const auto& p = parameters_[bucket.variable_indices[k]];
+    const int64_t offset = offsets[k];
+    // Shares the buffer's storage without being an autograd view, so that
+    // LibTorch's Optimizer::zero_grad() may detach_() it (it cannot detach
+    // a view in place).
+    auto view = at::empty({0}, bucket.buffer.options());
+    view.set_(bucket.buffer.storage(), offset, p.sizes(), c10::contiguous_strides(p.sizes()));
+    // See Note [Bucket views]: keep the gradient the user already has.
+    if (config_.gradient_as_bucket_view && !releases_buckets() && p.grad().defined()) {
+      view.copy_(p.grad());
+      const_cast<at::Tensor&>(p).mutable_grad() = view;
+    }
+    bucket.views.push_back(std::move(view));
+  }
 }
 
 bool Reducer::require_sync() const {
@@ -345,6 +364,7 @@ void Reducer::reset_iteration() {
     bucket.pending = bucket.variable_indices.size();
     bucket.work.reset();
     bucket.launch_ms = 0;
+    bucket.done_ms = 0;
     if (bucket.sparse) {
       bucket.buffer = at::Tensor(); // the last gradient: not ours to keep
     }
@@ -498,16 +518,22 @@ void Reducer::mark_variable_ready(size_t index) {
               "' got a sparse gradient, but DistributedDataParallel expects one only for the "
               "weight of a torch::nn::Embedding or torch::nn::EmbeddingBag constructed with "
               "sparse(true); compute it with one of those modules, or densely");
+    const bool release = releases_buckets() && !shadowing_;
+    if (!bucket.buffer.defined()) {
+      allocate_bucket(bucket, false); // Note [Released buckets]
+    }
     at::Tensor& view = bucket.views[locator.intra_bucket_index];
     if (shadowing_ || !grad.defined()) {
       view.zero_();
-    } else if (config_.gradient_as_bucket_view && grad.is_alias_of(view)) {
+    } else if (config_.gradient_as_bucket_view && !release && grad.is_alias_of(view)) {
       if (divides_on_copy()) {
         view.div_(group_->size());
       }
     } else {
       copy_into_view(grad, view);
-      if (config_.gradient_as_bucket_view) {
+      if (release && !keeps_gradient(param)) {
+        const_cast<at::Tensor&>(param).mutable_grad() = at::Tensor(); // in its bucket now
+      } else if (config_.gradient_as_bucket_view && !release) {
         const_cast<at::Tensor&>(param).mutable_grad() = view;
       }
     }
@@ -616,7 +642,8 @@ void Reducer::shadow_backward() {
   for (size_t b = 0; b < buckets_.size(); ++b) {
     launch_bucket(b, buckets_[b].sparse
                          ? empty_sparse_gradient(parameters_[buckets_[b].variable_indices.front()])
-                         : at::zeros_like(buckets_[b].buffer));
+                         : at::zeros({buckets_[b].numel},
+                                     parameters_[buckets_[b].variable_indices.front()].options()));
     buckets_[b].pending = 0;
   }
   next_bucket_ = buckets_.size();

@@ -88,10 +88,13 @@ class Reducer {
   // reducer_finalize.cpp. Not called for the buckets a joined rank shadows.
   using BucketReducedHook =
       std::function<void(size_t bucket_index, const std::vector<at::Tensor>& parameters)>;
-  // `write_back`, when set, says per parameter whether its reduced gradient
-  // is written back; one it refuses is left undefined (ZeRO stage 2).
+  // `gradient_owner`, when set, names per parameter the one rank that keeps
+  // its reduced gradient (-1: all); on the others its `.grad` is left
+  // undefined from the moment it is copied into its bucket (ZeRO stage 2).
+  // The buckets are then laid out by owner and released between uses: Note
+  // [Released buckets] in reducer_finalize.cpp.
   void set_bucket_reduced_hook(BucketReducedHook hook,
-                               std::function<bool(const at::Tensor&)> write_back = nullptr);
+                               std::function<int(const at::Tensor&)> gradient_owner = nullptr);
   bool has_bucket_reduced_hook() const;
 
   // DDP's forward entered (kForwardStart) or returned (kForwardEnd), for
@@ -112,7 +115,8 @@ class Reducer {
   // A sparse bucket holds one variable and no views: its `buffer` is this
   // iteration's sparse gradient (Note [Sparse gradients]).
   struct Bucket {
-    at::Tensor buffer;
+    at::Tensor buffer; // undefined while released (Note [Released buckets])
+    int64_t numel = 0; // dense: the buffer's elements
     bool sparse = false;
     size_t sparse_bytes = 0; // the last sparse gradient reduced: indices and values
     std::vector<at::Tensor> views; // per variable, shaped like its parameter
@@ -121,6 +125,7 @@ class Reducer {
     size_t pending = 0; // variables not yet ready this iteration
     std::shared_ptr<Work> work;
     double launch_ms = 0;
+    double done_ms = 0; // its Work's completion, once a released bucket has dropped it
   };
 
   // Where an iteration is. kArmed: forward ran, no gradient yet; kReducing:
@@ -136,7 +141,7 @@ class Reducer {
   std::vector<GradientSpec> gradient_specs() const;
   void write_sparse_gradient(size_t index, const at::Tensor& reduced); // sparse_gradients.cpp
   void record_insight(double comm_wait_ms);                            // reducer_insight.cpp
-  static size_t bucket_bytes(const Bucket& bucket);
+  size_t bucket_bytes(const Bucket& bucket) const;
   void finalize_backward();
   void finalize_backward_guarded(); // mutex_ held
   void finalize_backward_locked();                                       // reducer_finalize.cpp
@@ -162,6 +167,15 @@ class Reducer {
   void check_static_graph_hook(size_t index);
   std::string unfinished_reduction_message() const;
   void initialize_buckets(const std::vector<std::vector<size_t>>& assignment);
+  // Gives a dense bucket its buffer and views; `collective`: through the
+  // group's allocate_collective_buffer (every rank at the same point).
+  void allocate_bucket(Bucket& bucket, bool collective);
+  // Whether dense buckets are released after they are written back and
+  // allocated again at their first gradient: Note [Released buckets].
+  bool releases_buckets() const;
+  // Whether this rank keeps `param`'s reduced gradient (gradient_owner_).
+  bool keeps_gradient(const at::Tensor& param) const;
+  void release_bucket(Bucket& bucket);
   void rebuild_buckets_if_due();
   void install_hook(size_t index, AutogradNodePtr accumulator);
   void rehook_replaced_parameters();
@@ -183,7 +197,7 @@ class Reducer {
   mutable std::mutex mutex_;
   CommHook comm_hook_;                    // guarded by mutex_
   BucketReducedHook bucket_reduced_hook_; // guarded by mutex_
-  std::function<bool(const at::Tensor&)> write_back_filter_; // guarded by mutex_
+  std::function<int(const at::Tensor&)> gradient_owner_; // guarded by mutex_
   size_t next_finished_ = 0;              // buckets finished this iteration; guarded by mutex_
   // Buckets launched and not yet finished that may remain when the next is
   // launched, with a bucket reduced hook: Note [Bucket reduced hook].

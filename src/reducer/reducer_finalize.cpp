@@ -17,6 +17,24 @@
 // (with a wait for bucket b - 1 instead, Gloo's overlapped ZeRO step measured
 // 1.16x DDP's; with b - 2, about 1.0x: docs/benchmarks.md). The remaining
 // buckets are finished in the final callback, as without a hook.
+//
+// Note [Released buckets]
+// With a gradient owner per parameter (ZeRO stage 2: a rank keeps only the
+// reduced gradients of the parameters it owns), a dense bucket holds memory only
+// while it is in use: from the first gradient copied into it in a backward
+// until it is written back, when its buffer and views are dropped; the next
+// backward allocates it again (at::empty: every element is written before
+// the bucket is launched), its gradients grouped by owner in rank order, so
+// that each owner's are one contiguous range that a reduce-scatter can send
+// without a copy. A parameter another rank owns loses its `.grad`
+// as soon as the gradient is copied into the bucket, and one this rank keeps gets
+// its reduced gradient as a tensor of its own, never a view that would keep
+// the whole bucket alive (gradient_as_bucket_view is set aside). Gradient
+// memory per rank is then the owned gradients, about 1/N, plus the buckets
+// being filled or reduced; without it, every bucket stays allocated, the
+// size of all the gradients again. The buffers are plain tensors, not the
+// group's allocate_collective_buffer, whose shared memory serves only the
+// built-in allreduce that stage 2 does not use.
 
 #include "reducer/reducer.h"
 
@@ -37,12 +55,33 @@ double ms_since(Clock::time_point from) {
 } // namespace
 
 void Reducer::set_bucket_reduced_hook(BucketReducedHook hook,
-                                      std::function<bool(const at::Tensor&)> write_back) {
+                                      std::function<int(const at::Tensor&)> gradient_owner) {
   std::lock_guard<std::mutex> lock(mutex_);
   DDP_CHECK(state_ == State::kIdle, who(),
             ": a bucket reduced hook can only be set between iterations, not during backward");
   bucket_reduced_hook_ = std::move(hook);
-  write_back_filter_ = std::move(write_back);
+  gradient_owner_ = std::move(gradient_owner);
+  if (releases_buckets()) {
+    for (auto& bucket : buckets_) {
+      release_bucket(bucket);
+    }
+  }
+}
+
+bool Reducer::releases_buckets() const {
+  return static_cast<bool>(gradient_owner_);
+}
+
+bool Reducer::keeps_gradient(const at::Tensor& param) const {
+  const int owner = gradient_owner_(param);
+  return owner < 0 || owner == group_->rank();
+}
+
+void Reducer::release_bucket(Bucket& bucket) {
+  if (!bucket.sparse) {
+    bucket.buffer = at::Tensor();
+    bucket.views.clear();
+  }
 }
 
 bool Reducer::has_bucket_reduced_hook() const {
@@ -89,19 +128,26 @@ void Reducer::write_back_bucket(size_t b, const at::Tensor& usage) {
     const at::Tensor& view = bucket.views[k];
     auto& param = const_cast<at::Tensor&>(parameters_[index]);
     at::Tensor& grad = param.mutable_grad();
-    if (write_back_filter_ && !shadowing_ && !write_back_filter_(param)) {
+    const bool release = releases_buckets() && !shadowing_;
+    if (release && !keeps_gradient(param)) {
       grad = at::Tensor();
       continue;
     }
-    if (config_.gradient_as_bucket_view) {
+    if (config_.gradient_as_bucket_view && !release) {
       if (!grad.defined() || !grad.is_alias_of(view)) {
         grad = view;
       }
-    } else if (grad.defined()) {
+    } else if (grad.defined() && !grad.is_alias_of(view)) {
       grad.copy_(view);
     } else {
       grad = view.clone();
     }
+  }
+  if (releases_buckets() && !shadowing_) {
+    // The Work's result holds the buffer: keep only its completion time.
+    bucket.done_ms = timer_.ms_since(IterationTimer::Event::kBackwardStart, bucket.work->completion_time());
+    bucket.work.reset();
+    release_bucket(bucket);
   }
   if (bucket_reduced_hook_ && !shadowing_) {
     std::vector<at::Tensor> parameters;

@@ -34,7 +34,8 @@ void Reducer::record_insight(double comm_wait_ms) {
     info.bytes = bucket_bytes(bucket);
     info.sparse = bucket.sparse;
     info.launch_ms = bucket.launch_ms;
-    info.done_ms = timer_.ms_since(Event::kBackwardStart, bucket.work->completion_time());
+    info.done_ms = bucket.work ? timer_.ms_since(Event::kBackwardStart, bucket.work->completion_time())
+                               : bucket.done_ms;
     insight.comm_ms += info.done_ms - info.launch_ms;
     overlapped += std::max(0.0, std::min(info.done_ms, insight.backward_compute_ms) - info.launch_ms);
     insight.buckets.push_back(std::move(info));

@@ -7,14 +7,14 @@
 ddp_add_gtest(zero_partition_test SOURCES optim/partition_test.cpp LIBS ddp LABELS unit TIMEOUT 60)
 
 ddp_add_nn_program(zero_main optim/zero_main.cpp)
-ddp_add_launched_test(zero_2_ranks NPROC 2 COMMAND zero_main CASES 40
+ddp_add_launched_test(zero_2_ranks NPROC 2 COMMAND zero_main CASES 42
   ARGS ${CMAKE_CURRENT_BINARY_DIR} TIMEOUT 120)
-ddp_add_launched_test(zero_3_ranks NPROC 3 COMMAND zero_main CASES 40
+ddp_add_launched_test(zero_3_ranks NPROC 3 COMMAND zero_main CASES 42
   ARGS ${CMAKE_CURRENT_BINARY_DIR} TIMEOUT 120)
-ddp_add_alone_test(zero_alone COMMAND zero_main CASES 37 ARGS ${CMAKE_CURRENT_BINARY_DIR} TIMEOUT 90)
+ddp_add_alone_test(zero_alone COMMAND zero_main CASES 39 ARGS ${CMAKE_CURRENT_BINARY_DIR} TIMEOUT 90)
 if(DDP_HAVE_MPI)
   foreach(np 2 3)
-    ddp_add_mpi_test(zero_mpi_${np}_ranks NP ${np} COMMAND zero_main CASES 40
+    ddp_add_mpi_test(zero_mpi_${np}_ranks NP ${np} COMMAND zero_main CASES 42
       ARGS ${CMAKE_CURRENT_BINARY_DIR} TIMEOUT 180)
   endforeach()
 endif()

@@ -653,6 +653,15 @@ int main(int argc, char** argv) {
     Overlap stage2_unused{"stage 2, find_unused_parameters", tiny_buckets().find_unused_parameters(true)};
     stage2_unused.stage = 2;
     parity(report, *group, adam, stage2_unused);
+    // The buckets are released between backward passes and laid out by
+    // owner (Note [Released buckets]): gradients that were bucket views, and
+    // a static graph whose buckets are rebuilt after its first iteration.
+    Overlap stage2_views{"stage 2, gradient_as_bucket_view", ddp_options().gradient_as_bucket_view(true)};
+    stage2_views.stage = 2;
+    parity(report, *group, adam, stage2_views);
+    Overlap stage2_static{"stage 2, static_graph", tiny_buckets().static_graph(true)};
+    stage2_static.stage = 2;
+    parity(report, *group, configs()[2], stage2_static);
     stage2_outlived(report, *group);
     overlap_errors(report);
     shards(report, *group);

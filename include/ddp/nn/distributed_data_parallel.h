@@ -191,14 +191,18 @@ class DistributedDataParallelImpl : public torch::nn::Module {
   /// bucket order on every rank, on the autograd engine thread, during
   /// backward when no usage map must be reduced first (see docs/ddp.md,
   /// "Sharded optimizer state"). It may issue collectives: every rank
-  /// issues them at the same point. `write_back`, when given, says per
-  /// parameter whether its reduced gradient is written back into `.grad`;
-  /// one it refuses is left undefined. ZeroRedundancyOptimizer's
-  /// `overlap_with` uses them. Call between iterations; not under Join.
+  /// issues them at the same point. `gradient_owner`, when given, names per
+  /// parameter the one rank that keeps its reduced gradient (-1: every
+  /// rank); on the others its `.grad` is left undefined from the moment it
+  /// is copied into its bucket. Each bucket then lays its gradients out
+  /// grouped by owner, in rank order, so that a communication hook can
+  /// reduce-scatter it in place, and holds memory only from its first
+  /// gradient to its write-back. ZeroRedundancyOptimizer's `overlap_with`
+  /// uses them (stage 2). Call between iterations; not under Join.
   using BucketReducedHook =
       std::function<void(size_t bucket_index, const std::vector<at::Tensor>& parameters)>;
   void register_bucket_reduced_hook(BucketReducedHook hook,
-                                    std::function<bool(const at::Tensor&)> write_back = nullptr);
+                                    std::function<int(const at::Tensor&)> gradient_owner = nullptr);
 
   /// Figures of the last synchronised iteration.
   IterationInsight last_iteration_insight() const;

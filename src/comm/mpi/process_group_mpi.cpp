@@ -158,6 +158,36 @@ at::Tensor packed_on_host(const std::vector<at::Tensor>& tensors) {
   return at::cat(views).cpu();
 }
 
+// `inputs` as one flat host tensor, for a collective that writes `output`:
+// a view when the non-empty ones lie end to end in one host storage that
+// `output` does not share (a ZeRO stage-2 bucket, laid out by owner), else a
+// packed copy.
+at::Tensor inputs_on_host(const std::vector<at::Tensor>& inputs, const at::Tensor& output) {
+  const at::Tensor* first = nullptr;
+  const char* next = nullptr;
+  int64_t total = 0;
+  for (const auto& t : inputs) {
+    if (t.numel() == 0) {
+      continue;
+    }
+    const auto* data = static_cast<const char*>(t.data_ptr());
+    if (!t.device().is_cpu() || !t.is_contiguous() || t.is_alias_of(output) ||
+        (first != nullptr && (!t.is_alias_of(*first) || data != next))) {
+      return packed_on_host(inputs);
+    }
+    if (first == nullptr) {
+      first = &t;
+    }
+    next = data + t.nbytes();
+    total += t.numel();
+  }
+  if (first == nullptr) {
+    return packed_on_host(inputs);
+  }
+  return at::empty({0}, first->options())
+      .set_(first->storage(), first->storage_offset(), {total}, {1});
+}
+
 // Copies consecutive pieces of the flat `flat` into `outputs`.
 void unpack(const at::Tensor& flat, const std::vector<at::Tensor>& outputs) {
   int64_t offset = 0;
@@ -537,8 +567,8 @@ std::shared_ptr<Work> ProcessGroupMPI::reduce_scatter(const at::Tensor& output,
                  counts, total, even, reduction, average, size](MPI_Comm comm) {
         internal::HostStaging staging;
         const auto host_output = staging.in(output);
-        // A new buffer: the inputs may share storage with the output.
-        const auto flat = packed_on_host(inputs);
+        // A new buffer unless the inputs lie end to end apart from the output.
+        const auto flat = inputs_on_host(inputs, host_output);
         if (total > 0) {
           if (even) {
             mpi::check_mpi(MPI_Reduce_scatter_block(flat.data_ptr(), host_output.data_ptr(),
