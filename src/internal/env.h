@@ -66,6 +66,10 @@ inline constexpr EnvVar kEnvSocketIfname{"DDP_SOCKET_IFNAME", nullptr,
 inline constexpr EnvVar kEnvGlooSocketIfname{"GLOO_SOCKET_IFNAME", nullptr,
     "PyTorch's name for DDP_SOCKET_IFNAME; read when DDP_SOCKET_IFNAME is unset."};
 // Diagnostics.
+inline constexpr EnvVar kEnvRendezvousProgress{"DDP_RENDEZVOUS_PROGRESS_S", "10",
+    "While a rank waits at start-up for the others to join, it says every this many seconds "
+    "(and at the deadline) which ranks it still waits for: \"[rank 0/4] init_process_group: "
+    "waiting for ranks 1, 3 to join (10 s of 1800 s)\". A positive integer; 0 turns it off."};
 inline constexpr EnvVar kEnvDebug{"DDP_DEBUG", "0",
     "1: rank 0 prints DDP's per-iteration insight figures and bucket layout."};
 // Tests only.

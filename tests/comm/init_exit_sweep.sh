@@ -16,24 +16,7 @@ python=$2
 work=$(mktemp -d "${TMPDIR:-/tmp}/ddp-init-exit.XXXXXX")
 trap 'rm -rf "$work"' EXIT
 
-# A free port below the kernel's ephemeral range (32768 and up here), so that
-# no socket of a test running beside this one (Gloo's pairs bind ephemeral
-# ports) takes it between this check and rank 0's bind.
-free_port() {
-  "$python" -c '
-import random, socket
-while True:
-    port = random.randint(15000, 32000)
-    s = socket.socket()
-    try:
-        s.bind(("127.0.0.1", port))
-        print(port)
-        break
-    except OSError:
-        pass
-    finally:
-        s.close()'
-}
+. "$(dirname "$0")/../testing/free_port.sh"
 
 # run_case <world> <point> <victim>: one scenario; prints its verdict lines,
 # and "PASS <name>" or "FAIL <name>" last.
@@ -43,7 +26,7 @@ run_case() {
   local dir="$work/$world-$point-$victim"
   mkdir -p "$dir"
   local port
-  port=$(free_port)
+  port=$(free_port "$python")
   local pids=() r
   local start=$SECONDS
   for ((r = 0; r < world; r++)); do

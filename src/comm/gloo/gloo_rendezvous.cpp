@@ -9,6 +9,7 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <cstdlib>
 #include <cstring>
 #include <sstream>
 
@@ -18,6 +19,7 @@
 #include "comm/gloo/sigpipe_guard.h"
 #include "internal/check.h"
 #include "internal/env.h"
+#include "internal/logging.h"
 
 namespace ddp::internal {
 
@@ -62,6 +64,37 @@ std::string format_ranks(const std::vector<int>& ranks) {
   }
   return text + "]";
 }
+
+// DDP_RENDEZVOUS_PROGRESS_S, in milliseconds; 0: off.
+std::chrono::milliseconds progress_interval(int rank, int size) {
+  const auto text = env_get(kEnvRendezvousProgress).value_or("10");
+  char* end = nullptr;
+  const long long seconds = std::strtoll(text.c_str(), &end, 10);
+  DDP_CHECK(!text.empty() && *end == '\0' && seconds >= 0 && seconds <= 86400, "[rank ", rank, "/",
+            size, "] init_process_group: ", kEnvRendezvousProgress.name,
+            " must be a whole number of seconds in [0, 86400] (0: off), got '", text, "'");
+  return std::chrono::seconds(seconds);
+}
+
+// The ranks whose arrival key is not set yet.
+std::vector<int> missing_ranks(ddp::Store& store, const std::vector<std::string>& keys) {
+  std::vector<int> missing;
+  for (size_t r = 0; r < keys.size(); ++r) {
+    if (!store.check({keys[r]})) {
+      missing.push_back(static_cast<int>(r));
+    }
+  }
+  return missing;
+}
+
+// "ranks 1, 3" / "rank 2".
+std::string naming(const std::vector<int>& ranks) {
+  std::string text = ranks.size() == 1 ? "rank " : "ranks ";
+  for (size_t i = 0; i < ranks.size(); ++i) {
+    text += (i == 0 ? "" : ", ") + std::to_string(ranks[i]);
+  }
+  return text;
+}
 } // namespace
 
 void wait_for_all_ranks(ddp::Store& store, const std::string& prefix, int rank, int size,
@@ -81,8 +114,36 @@ void wait_for_all_ranks(ddp::Store& store, const std::string& prefix, int rank, 
   // longer ask it which ranks are missing.
   const auto margin = rank == 0 ? std::chrono::milliseconds(0)
                                 : std::min<std::chrono::milliseconds>(timeout / 10, std::chrono::seconds(5));
+  // Note [Rendezvous progress]: the wait goes in slices of the progress
+  // interval, and after each one this rank says whom it still waits for, so
+  // that a start-up that hangs on a missing rank is not silent for the
+  // whole timeout (30 minutes by default).
+  const auto deadline = timeout - margin;
+  const auto interval = progress_interval(rank, size);
+  std::chrono::milliseconds waited{0};
+  const auto seconds = [](std::chrono::milliseconds ms) { return (ms.count() + 500) / 1000; };
   try {
-    store.wait(keys, timeout - margin);
+    for (;;) {
+      const auto slice = interval.count() > 0 ? std::min(interval, deadline - waited) : deadline - waited;
+      try {
+        store.wait(keys, slice);
+        break;
+      } catch (const TimeoutError&) {
+        waited += slice;
+        const auto missing = missing_ranks(store, keys);
+        if (missing.empty()) {
+          break; // they all came in just after the slice ended
+        }
+        if (interval.count() > 0) {
+          log_info(c10::str("[rank ", rank, "/", size, "] init_process_group: waiting for ",
+                               naming(missing), " to join (", seconds(waited), " s of ",
+                               seconds(deadline), " s)", waited >= deadline ? ": giving up" : ""));
+        }
+        if (waited >= deadline) {
+          throw;
+        }
+      }
+    }
   } catch (const IoError& e) {
     if (rank == 0) {
       throw;
@@ -92,14 +153,9 @@ void wait_for_all_ranks(ddp::Store& store, const std::string& prefix, int rank, 
         "arrived; rank 0 serves it, so rank 0 probably timed out waiting for a missing rank or "
         "failed (its own error names which). The store said: ", e.what()));
   } catch (const TimeoutError&) {
-    std::vector<int> missing;
-    for (int r = 0; r < size; ++r) {
-      if (!store.check({keys[r]})) {
-        missing.push_back(r);
-      }
-    }
+    const auto missing = missing_ranks(store, keys);
     throw TimeoutError(c10::str(
-        who, " init_process_group: rendezvous timed out after ", (timeout - margin).count(),
+        who, " init_process_group: rendezvous timed out after ", deadline.count(),
         " ms; rank(s) ", format_ranks(missing), " of ", size,
         " never arrived. Check that every rank was started with the same MASTER_ADDR, "
         "MASTER_PORT and WORLD_SIZE, and that none of them failed before joining."));
