@@ -4,6 +4,7 @@
 
 #include <ddp/blas.h>
 #include <ddp/comm/error.h>
+#include <ddp/comm/flight_recorder.h>
 #include <ddp/store/file_store.h>
 #include <ddp/store/hash_store.h>
 #include <ddp/store/prefix_store.h>

@@ -1,6 +1,10 @@
 # The process-group core: Work, ProcessGroup, the composite group, the
 # argument checks, reduce kernels and send/recv Work the backends share, and
-# init_process_group. Each backend is a part of its own in its folder.
+# init_process_group. Each backend is a part of its own in its folder. The
+# flight recorder (its own folder, src/flight_recorder/) is compiled into
+# this part: every backend and Work::wait record into it, so a test that
+# links the core links it too. Its analyzer and JSON reader are ddprun's
+# (src/launch/launch.cmake).
 ddp_add_part(ddp_comm
   src/comm/types.cpp
   src/comm/work.cpp
@@ -13,7 +17,8 @@ ddp_add_part(ddp_comm
   src/comm/contiguous_arguments.cpp
   src/comm/reduce_kernels.cpp
   src/comm/init.cpp
-  src/comm/subgroups.cpp)
+  src/comm/subgroups.cpp
+  src/flight_recorder/flight_recorder.cpp)
 
 # The backends' parts reuse this precompiled <ATen/ATen.h> (set in their
 # files): compiling one costs ~22 s of CPU, and the README's first command

@@ -2,6 +2,7 @@
 
 #include <ddp/comm/error.h>
 
+#include "flight_recorder/flight_recorder.h"
 #include "internal/check.h"
 
 namespace ddp {
@@ -45,10 +46,13 @@ void Work::wait(std::chrono::milliseconds timeout) {
   }
   std::unique_lock<std::mutex> lock(mutex_);
   if (!completed_cv_.wait_for(lock, timeout, [this] { return completed_; })) {
-    throw TimeoutError(c10::str(
+    lock.unlock();
+    const std::string message = c10::str(
         name_, ": wait timed out after ", timeout.count(),
         " ms; the operation has not completed (a peer may be slow, stuck or "
-        "dead, or ranks issued collectives in different orders)"));
+        "dead, or ranks issued collectives in different orders)");
+    internal::dump_flight_recorders(message); // Note [Flight recorder]
+    throw TimeoutError(message);
   }
   if (error_) {
     std::rethrow_exception(error_);

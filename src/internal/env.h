@@ -70,6 +70,13 @@ inline constexpr EnvVar kEnvRendezvousProgress{"DDP_RENDEZVOUS_PROGRESS_S", "10"
     "While a rank waits at start-up for the others to join, it says every this many seconds "
     "(and at the deadline) which ranks it still waits for: \"[rank 0/4] init_process_group: "
     "waiting for ranks 1, 3 to join (10 s of 1800 s)\". A positive integer; 0 turns it off."};
+inline constexpr EnvVar kEnvFlightRecorderSize{"DDP_FLIGHT_RECORDER_SIZE", "2000",
+    "How many of its last collectives each process group's flight recorder keeps (Note [Flight "
+    "recorder]); 0 turns it off. A whole number up to 1000000."};
+inline constexpr EnvVar kEnvFlightRecorderDir{"DDP_FLIGHT_RECORDER_DIR", nullptr,
+    "Where each rank writes its flight recorder dump, rank_<R>.json, when a collective fails, on "
+    "SIGUSR1 and on ddp::dump_flight_recorder(). Unset: $TMPDIR/ddp_flight_recorder (/tmp when "
+    "TMPDIR is unset). `ddprun --analyze DIR` reads them."};
 inline constexpr EnvVar kEnvDebug{"DDP_DEBUG", "0",
     "1: rank 0 prints DDP's per-iteration insight figures and bucket layout."};
 // Tests only.

@@ -15,6 +15,7 @@
 #include <string>
 #include <vector>
 
+#include "flight_recorder/analyzer.h"
 #include "launch/options.h"
 #include "launch/supervisor.h"
 
@@ -55,6 +56,9 @@ int main(int argc, char** argv) {
   if (command_line.help) {
     std::fputs(usage_text(), stdout);
     return 0;
+  }
+  if (command_line.analyze) {
+    return ddp::flight_recorder::analyze_directory(*command_line.analyze, stdout, stderr);
   }
 
   LaunchOptions& options = command_line.options;

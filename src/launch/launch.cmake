@@ -4,7 +4,9 @@
 add_library(ddprun_objects OBJECT
   src/launch/options.cpp
   src/launch/output.cpp
-  src/launch/supervisor.cpp)
+  src/launch/supervisor.cpp
+  src/flight_recorder/analyzer.cpp
+  src/flight_recorder/json.cpp)
 target_include_directories(ddprun_objects PUBLIC ${PROJECT_SOURCE_DIR}/src)
 target_compile_options(ddprun_objects PRIVATE -Wall -Wextra)
 

@@ -117,6 +117,11 @@ CommandLine parse_command_line(const std::vector<std::string>& args) {
       options.grace_period = parse_seconds(flag, value());
     } else if (flag == "--max-restarts") {
       options.max_restarts = parse_int(flag, value(), 0, INT_MAX);
+    } else if (flag == "--analyze") {
+      result.analyze = value();
+      if (result.analyze->empty()) {
+        throw UsageError("--analyze needs a directory (got '')");
+      }
     } else if (flag == "--no-prefix") {
       if (inline_value) {
         throw UsageError("--no-prefix takes no value (got " + quoted(*inline_value) + ")");
@@ -128,6 +133,12 @@ CommandLine parse_command_line(const std::vector<std::string>& args) {
   }
 
   options.program.assign(args.begin() + static_cast<std::ptrdiff_t>(i), args.end());
+  if (result.analyze) {
+    if (!options.program.empty()) {
+      throw UsageError("--analyze starts nothing: no program after it (got " + quoted(options.program[0]) + ")");
+    }
+    return result;
+  }
   if (!have_nproc) {
     throw UsageError("--nproc-per-node is required");
   }
@@ -184,6 +195,7 @@ std::string mpi_backend_refusal(const LaunchOptions& options, const char* ddp_ba
 
 const char* usage_text() {
   return R"(usage: ddprun [options] [--] program [args...]
+       ddprun --analyze DIR
 
 Starts --nproc-per-node copies of program on this node, one per rank, with the
 variables torchrun sets: RANK, WORLD_SIZE, LOCAL_RANK, LOCAL_WORLD_SIZE,
@@ -207,6 +219,9 @@ options:
                       TORCHELASTIC_RESTART_COUNT and DDP_RESTART_COUNT
   --no-prefix         do not prefix output lines with "[rank R]: "
                       (DDPRUN_NO_PREFIX=1 does the same)
+  --analyze DIR       start nothing: read the flight recorder dumps in DIR
+                      (DDP_FLIGHT_RECORDER_DIR, rank_<R>.json) and say which
+                      rank is behind, and in which collective
   -h, --help          print this help and exit
 
 Flags may be written with underscores (--nproc_per_node) and as --flag=value.

@@ -54,6 +54,10 @@ struct LaunchOptions {
 struct CommandLine {
   /// -h or --help was given; nothing else is checked.
   bool help = false;
+  /// --analyze DIR: read the flight recorder dumps in DIR and say which rank
+  /// is at fault (src/flight_recorder/analyzer.h); nothing is started, and
+  /// no other option is needed.
+  std::optional<std::string> analyze;
   /// The checked options; meaningful only when help is false.
   LaunchOptions options;
 };

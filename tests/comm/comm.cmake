@@ -50,7 +50,7 @@ ddp_add_output_test(init_exit_sweep EXIT 0 REGEX "^init_exit_sweep: 28 of 28 cas
   TIMEOUT 300 LABELS integration
   COMMAND bash ${CMAKE_CURRENT_LIST_DIR}/init_exit_sweep.sh $<TARGET_FILE:init_exit_main>
     ${DDP_TEST_PYTHON})
-ddp_add_output_test(rendezvous_progress EXIT 0 REGEX "^rendezvous_progress: 4 of 4 cases passed$"
+ddp_add_output_test(rendezvous_progress EXIT 0 REGEX "^rendezvous_progress: 4 of 4 checks passed$"
   TIMEOUT 120 LABELS integration
   COMMAND bash ${CMAKE_CURRENT_LIST_DIR}/rendezvous_progress.sh $<TARGET_FILE:init_exit_main>
     ${DDP_TEST_PYTHON})

@@ -12,9 +12,10 @@
 #   off      DDP_RENDEZVOUS_PROGRESS_S=0 and rank 1 late: not a word, both
 #            complete;
 #   bad      DDP_RENDEZVOUS_PROGRESS_S=soon: an error naming the variable.
-# Prints "rendezvous_progress: N of N cases passed" at the end.
+# Prints "rendezvous_progress: N of N checks passed" at the end (checks.sh).
 set -uo pipefail
 . "$(dirname "$0")/../testing/free_port.sh"
+. "$(dirname "$0")/../testing/checks.sh"
 program=$1
 python=$2
 work=$(mktemp -d "${TMPDIR:-/tmp}/ddp-rdzv-progress.XXXXXX")
@@ -26,20 +27,6 @@ start() {
     DDP_RENDEZVOUS_PROGRESS_S=$4 OMP_NUM_THREADS=1 timeout -s KILL 60 "$program" >"$1/$3.log" 2>&1 &
 }
 
-passed=0
-total=0
-# check <name> <condition...>: counts a case.
-check() {
-  local name=$1
-  shift
-  total=$((total + 1))
-  if "$@"; then
-    passed=$((passed + 1))
-    echo "PASS $name"
-  else
-    echo "FAIL $name"
-  fi
-}
 lines() { grep -cE "$2" "$1" || true; }
 
 # late
@@ -87,4 +74,4 @@ sed 's/^/  bad rank 0: /' "$dir/0.log"
 check bad test $rc0 -eq 3 \
   -a "$(lines "$dir/0.log" "^init_exit: rank 0 caught: \[rank 0/2\] init_process_group: DDP_RENDEZVOUS_PROGRESS_S must be a whole number of seconds in \[0, 86400\] \(0: off\), got 'soon'$")" = 1
 
-echo "rendezvous_progress: $passed of $total cases passed"
+checks_summary rendezvous_progress

@@ -101,6 +101,17 @@ TEST(ParseCommandLineTest, Help) {
   EXPECT_NE(std::string(usage_text()).find("--nproc-per-node"), std::string::npos);
 }
 
+TEST(ParseCommandLineTest, Analyze) {
+  // Starts nothing: no --nproc-per-node, no program.
+  const CommandLine line = parse_command_line({"--analyze", "/tmp/fr"});
+  ASSERT_TRUE(line.analyze.has_value());
+  EXPECT_EQ(*line.analyze, "/tmp/fr");
+  EXPECT_FALSE(line.help);
+  EXPECT_EQ(*parse_command_line({"--analyze=dumps"}).analyze, "dumps");
+  EXPECT_FALSE(parse_command_line({"--nproc-per-node", "2", "prog"}).analyze.has_value());
+  EXPECT_NE(std::string(usage_text()).find("--analyze DIR"), std::string::npos);
+}
+
 struct BadCommandLine {
   Args args;
   std::string expected; // a substring of the error: the bad value, echoed
@@ -127,6 +138,9 @@ INSTANTIATE_TEST_SUITE_P(
     BadCommandLineTest,
     ::testing::Values(
         BadCommandLine{{"prog"}, "--nproc-per-node is required"},
+        BadCommandLine{{"--analyze", ""}, "--analyze needs a directory (got '')"},
+        BadCommandLine{{"--analyze", "dir", "prog"}, "no program after it (got 'prog')"},
+        BadCommandLine{{"--analyze"}, "--analyze needs a value"},
         BadCommandLine{{"--nproc-per-node", "0", "prog"}, "(got '0')"},
         BadCommandLine{{"--nproc-per-node", "-3", "prog"}, "(got '-3')"},
         BadCommandLine{{"--nproc-per-node", "two", "prog"}, "(got 'two')"},

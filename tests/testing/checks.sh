@@ -1,4 +1,5 @@
-# Sourced by the shell tests (expect_output.sh, run_blas_check_test.sh): a
+# Sourced by the shell tests (expect_output.sh, run_blas_check_test.sh,
+# rendezvous_progress.sh, flight_recorder_cases.sh): a
 # named check and the count that the test prints at the end, so that a run
 # shows what it checked and how many of its checks passed.
 #

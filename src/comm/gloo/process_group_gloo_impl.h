@@ -33,6 +33,7 @@
 #include "comm/gloo/gloo_words.h"
 #include "comm/gloo/sigpipe_guard.h"
 #include "comm/host_staging.h"
+#include "flight_recorder/flight_recorder.h"
 #include "internal/check.h"
 #include "internal/env.h"
 
@@ -58,6 +59,7 @@ class DDP_GLOO_HIDDEN ProcessGroupGloo::Impl {
     // See Note [Two Gloo tasks at once].
     std::vector<const void*> storages;
     bool exclusive = false;
+    uint64_t record = 0; // its flight recorder entry
   };
 
   Impl(ProcessGroupGloo& group, std::shared_ptr<Store> store,
@@ -69,6 +71,7 @@ class DDP_GLOO_HIDDEN ProcessGroupGloo::Impl {
     // them from their first instruction: See Note [SIGPIPE and Gloo].
     internal::SigpipeGuard guard;
     connect(options);
+    recorder_ = internal::FlightRecorder::create(options.group_name(), "gloo", group_.rank(), group_.size());
     for (int i = 0; i < kWorkerThreads; ++i) {
       workers_.emplace_back([this] { run_worker(); });
     }
@@ -115,8 +118,9 @@ class DDP_GLOO_HIDDEN ProcessGroupGloo::Impl {
     DDP_CHECK(!stop_, who(), " ", fingerprint.op, ": the process group is being destroyed");
     fingerprint.seq = next_seq_++;
     auto work = Work::create(c10::str(who(), " ", fingerprint.op, " #", fingerprint.seq), timeout);
+    const uint64_t record = recorder_ ? recorder_->queued(fingerprint) : 0;
     Task task{work,  timeout, std::move(run), std::move(fingerprint),
-              internal::StreamFence::record(keep), {}, false};
+              internal::StreamFence::record(keep), {}, false, record};
     for (const auto& t : keep) {
       if (t.defined() && t.is_sparse()) {
         // A sparse tensor has no storage of its own, and a sparse allreduce
@@ -292,6 +296,9 @@ class DDP_GLOO_HIDDEN ProcessGroupGloo::Impl {
         running_exclusive_ = running_exclusive_ || task.exclusive;
         running_storages_.insert(running_storages_.end(), task.storages.begin(), task.storages.end());
       }
+      if (recorder_) {
+        recorder_->started(task.record);
+      }
       run_task(task);
       {
         std::lock_guard<std::mutex> lock(mutex_);
@@ -340,9 +347,9 @@ class DDP_GLOO_HIDDEN ProcessGroupGloo::Impl {
       broken_message = broken_message_;
     }
     if (!broken_message.empty()) {
-      task.work->set_error(std::make_exception_ptr(CommError(c10::str(
-          task.work->name(), ": not run, because the process group failed earlier and is unusable: ",
-          broken_message, ". Destroy the group and start a new one."))));
+      fail(task, std::make_exception_ptr(CommError(c10::str(
+                     task.work->name(), ": not run, because the process group failed earlier and is unusable: ",
+                     broken_message, ". Destroy the group and start a new one."))));
       return;
     }
     std::exception_ptr error;
@@ -355,6 +362,9 @@ class DDP_GLOO_HIDDEN ProcessGroupGloo::Impl {
       // order that TSan cannot see when LibTorch's own, uninstrumented copy
       // of the reference counting runs).
       task.run = nullptr;
+      if (recorder_) {
+        recorder_->completed(task.record);
+      }
       task.work->set_result(std::move(outputs));
       return;
     } catch (const gloo::IoException& e) {
@@ -371,7 +381,16 @@ class DDP_GLOO_HIDDEN ProcessGroupGloo::Impl {
       error = convert_io_error(task, "an exception of unknown type");
     }
     task.run = nullptr; // as above
-    task.work->set_error(error);
+    fail(task, error);
+  }
+
+  // Fails the task's Work, its flight recorder entry first (which writes the
+  // dump before the caller sees the error: Note [Flight recorder]).
+  void fail(Task& task, std::exception_ptr error) {
+    if (recorder_) {
+      recorder_->failed(task.record, error);
+    }
+    task.work->set_error(std::move(error));
   }
 
   // The mismatch that the monitor found for `fingerprint`'s collective, or
@@ -522,6 +541,7 @@ class DDP_GLOO_HIDDEN ProcessGroupGloo::Impl {
   // The mismatch found for each running task's sequence number.
   std::map<uint64_t, std::string> mismatches_; // guarded by mutex_
   std::unique_ptr<internal::FingerprintExchange> fingerprints_; // set by connect
+  std::shared_ptr<internal::FlightRecorder> recorder_;          // null when off
   std::condition_variable monitor_cv_; // wakes the monitor when the group stops
   std::thread monitor_;
 };

@@ -131,6 +131,10 @@ MpiEngine::MpiEngine(std::string who, int size, EngineOptions options,
   if (found && tag_ub != nullptr) {
     max_tag_ = *tag_ub;
   }
+  int rank = 0;
+  MPI_Comm_rank(comm_, &rank);
+  recorder_ = FlightRecorder::create(world_ranks.empty() ? "default" : c10::str("ranks ", world_ranks), "mpi",
+                                     rank, size_);
   worker_ = std::thread([this] { run_worker(); });
   watchdog_ = std::thread([this] { run_watchdog(); });
   register_exit_hook(this);
@@ -172,15 +176,16 @@ std::shared_ptr<Work> MpiEngine::enqueue(Fingerprint fingerprint, std::chrono::m
   // the moment the task starts (see Note [MPI deadlines]).
   const auto wait_timeout = timeout + options_.watchdog_interval + kWaitMargin;
   auto work = Work::create(c10::str(who_, " ", op_name, " #", seq), wait_timeout);
+  const uint64_t record = recorder_ ? recorder_->queued(fingerprint) : 0;
   if (!broken_message_.empty()) {
     const std::string broken = broken_message_;
     lock.unlock();
-    work->set_error(std::make_exception_ptr(CommError(not_run_message(work->name(), broken))));
+    fail(work, record, std::make_exception_ptr(CommError(not_run_message(work->name(), broken))), false);
     return work;
   }
   work->keep_alive(tensors);
   queue_.push_back(Task{work, timeout, std::move(run), std::move(fence), std::move(tensors), bytes,
-                        std::move(fingerprint)});
+                        std::move(fingerprint), record});
   lock.unlock();
   queue_cv_.notify_one();
   return work;
@@ -229,13 +234,17 @@ void MpiEngine::run_worker() {
       queue_.pop_front();
       broken = broken_message_;
       if (broken.empty()) {
-        running_ = Running{task.work, task.timeout, Clock::now() + task.timeout, false};
+        running_ = Running{task.work, task.timeout, Clock::now() + task.timeout, false, task.record};
       }
     }
     if (broken.empty()) {
+      if (recorder_) {
+        recorder_->started(task.record);
+      }
       run_task(task);
     } else {
-      task.work->set_error(std::make_exception_ptr(CommError(not_run_message(task.work->name(), broken))));
+      fail(task.work, task.record,
+           std::make_exception_ptr(CommError(not_run_message(task.work->name(), broken))), false);
     }
     state_cv_.notify_all(); // for wait_until_idle; no system call without a waiter
   }
@@ -291,10 +300,20 @@ void MpiEngine::run_task(Task& task) {
     return; // the watchdog failed the Work; see Note [MPI deadlines]
   }
   if (error) {
-    task.work->set_error(error);
+    fail(task.work, task.record, error, true);
   } else {
+    if (recorder_) {
+      recorder_->completed(task.record);
+    }
     task.work->set_result(std::move(result));
   }
+}
+
+void MpiEngine::fail(const std::shared_ptr<Work>& work, uint64_t record, std::exception_ptr error, bool dump) {
+  if (recorder_) {
+    recorder_->failed(record, error, dump);
+  }
+  work->set_error(std::move(error));
 }
 
 void MpiEngine::check_fingerprints(const Task& task) {
@@ -347,6 +366,7 @@ void MpiEngine::run_watchdog() {
       // See Note [MPI deadlines].
       running_->timed_out = true;
       auto work = running_->work;
+      const uint64_t record = running_->record;
       const std::string message = c10::str(
           work->name(), " timed out after ", running_->timeout.count(),
           " ms: it is still blocked inside MPI, waiting for a peer (a rank may be stuck, dead, "
@@ -359,10 +379,11 @@ void MpiEngine::run_watchdog() {
       queued.swap(queue_);
       const std::string broken = broken_message_;
       lock.unlock();
-      work->set_error(std::make_exception_ptr(TimeoutError(message)));
       for (auto& task : queued) {
-        task.work->set_error(std::make_exception_ptr(CommError(not_run_message(task.work->name(), broken))));
+        fail(task.work, task.record,
+             std::make_exception_ptr(CommError(not_run_message(task.work->name(), broken))), false);
       }
+      fail(work, record, std::make_exception_ptr(TimeoutError(message)), true);
       state_cv_.notify_all();
       lock.lock();
       continue;

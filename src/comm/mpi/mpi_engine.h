@@ -53,6 +53,7 @@
 #include "comm/fingerprint.h"
 #include "comm/host_staging.h"
 #include "comm/mpi/mpi_runtime.h"
+#include "flight_recorder/flight_recorder.h"
 
 namespace ddp::internal::mpi {
 
@@ -164,6 +165,7 @@ class MpiEngine final : public MpiExitHook {
     std::vector<at::Tensor> tensors;
     int64_t bytes = 0;
     Fingerprint fingerprint;
+    uint64_t record = 0; // its flight recorder entry
   };
 
   // The task on the worker, as the watchdog sees it.
@@ -172,6 +174,7 @@ class MpiEngine final : public MpiExitHook {
     std::chrono::milliseconds timeout{0};
     std::chrono::steady_clock::time_point deadline;
     bool timed_out = false; // set by the watchdog; see Note [MPI deadlines]
+    uint64_t record = 0;
   };
 
   void run_worker();
@@ -181,6 +184,10 @@ class MpiEngine final : public MpiExitHook {
   void run_watchdog();
   // A Work that has failed because the group is broken.
   std::shared_ptr<Work> failed_work(const std::string& name, std::chrono::milliseconds timeout);
+  // Fails a task's Work, its flight recorder entry first; `dump`: write the
+  // flight recorder's dump (Note [Flight recorder]), for the failure itself
+  // rather than the tasks it leaves unrun.
+  void fail(const std::shared_ptr<Work>& work, uint64_t record, std::exception_ptr error, bool dump);
   // Lets queued work finish, each task within its deadline, then stops the
   // threads and frees the communicator; calls MPI_Abort instead when a task
   // that timed out is still inside MPI. Idempotent; never throws.
@@ -191,6 +198,7 @@ class MpiEngine final : public MpiExitHook {
   const EngineOptions options_;
   MPI_Comm comm_ = MPI_COMM_NULL;     // collectives; the worker thread's alone
   MPI_Comm p2p_comm_ = MPI_COMM_NULL; // send/recv
+  std::shared_ptr<FlightRecorder> recorder_; // null when off
   int max_tag_ = 32767;
 
   std::mutex mutex_;

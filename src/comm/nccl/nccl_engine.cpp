@@ -38,7 +38,8 @@ NcclEngine::NcclEngine(std::shared_ptr<Store> store, int rank, int size, NcclEng
       who_(std::move(who)),
       prefix_(group_prefix(options_.group_name, rank)),
       fingerprints_(size > 1 ? std::make_unique<FingerprintExchange>(store_, prefix_ + "fp/", rank, size)
-                             : nullptr) {
+                             : nullptr),
+      recorder_(FlightRecorder::create(options_.group_name, "nccl", rank, size)) {
   if (options_.device_index >= 0) {
     device_ = options_.device_index;
   }
@@ -284,6 +285,13 @@ std::shared_ptr<Work> NcclEngine::launch(NcclOp op) {
   DDP_CHECK(!stopping_, who_op, ": the process group is being destroyed");
   bind_device_locked(op.device, who_op);
   // See Note [NCCL fingerprint check]: none with one rank.
+  uint64_t record = 0;
+  const bool recorded = op.collective && recorder_ != nullptr;
+  if (recorded) {
+    Fingerprint described = op.fingerprint;
+    described.seq = next_seq_;
+    record = recorder_->queued(described);
+  }
   std::unique_ptr<NcclCheck> check;
   if (op.collective && fingerprints_) {
     DDP_INTERNAL_ASSERT(op.fingerprint.op == op.op_name, "the fingerprint of ", op.op_name,
@@ -297,9 +305,12 @@ std::shared_ptr<Work> NcclEngine::launch(NcclOp op) {
                     : c10::str(who_op, " ", op.peer_detail, " (point-to-point #",
                                next_point_to_point_++, ")");
   if (auto failure = failure_->message()) {
-    return failed_work(name, op.timeout, std::make_exception_ptr(CommError(c10::str(
-        name, ": not run, because the process group failed earlier and is unusable: ",
-        with_advice(*failure)))));
+    auto error = std::make_exception_ptr(CommError(c10::str(
+        name, ": not run, because the process group failed earlier and is unusable: ", with_advice(*failure))));
+    if (recorded) {
+      recorder_->failed(record, error, false);
+    }
+    return failed_work(name, op.timeout, error);
   }
   // For the error path, after `check` has moved into the Work.
   const std::optional<Fingerprint> checked =
@@ -380,6 +391,10 @@ std::shared_ptr<Work> NcclEngine::launch(NcclOp op) {
     }
     // 5. The end event, and the Work for the watchdog.
     auto work = std::make_shared<NcclWork>(name, op, device_, issuing, failure_, std::move(check));
+    if (recorded) {
+      recorder_->started(record); // on the GPU's queue: it runs when the stream gets there
+      work->set_flight_record(recorder_, record);
+    }
     work->end_event().record(stream.stream());
     work->keep_alive(std::move(op.tensors));
     {
@@ -406,6 +421,9 @@ std::shared_ptr<Work> NcclEngine::launch(NcclOp op) {
       }
     }
     fail_group_locked(error);
+    if (recorded) {
+      recorder_->failed(record, error);
+    }
     return failed_work(name, op.timeout, error);
   }
 }

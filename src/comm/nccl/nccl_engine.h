@@ -161,6 +161,8 @@ class NcclEngine {
   // Fingerprints published under prefix_ + "fp/"; null with one rank, which
   // checks nothing (Note [NCCL fingerprint check]).
   const std::unique_ptr<FingerprintExchange> fingerprints_;
+  // Note [Flight recorder]: the collectives, null when off.
+  const std::shared_ptr<FlightRecorder> recorder_;
 
   // Serializes launches, communicator creation and abort.
   mutable std::mutex launch_mutex_;

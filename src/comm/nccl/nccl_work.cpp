@@ -99,8 +99,15 @@ void NcclWork::finish_unchecked() {
   }
   // See Note [NCCL failure]: an aborted operation's event completes too.
   if (auto failure = failure_->message()) {
-    set_error(aborted_error(name(), *failure));
+    auto error = aborted_error(name(), *failure);
+    if (recorder_) {
+      recorder_->failed(record_, error);
+    }
+    set_error(std::move(error));
     return;
+  }
+  if (recorder_) {
+    recorder_->completed(record_);
   }
   set_result(outputs_);
 }
@@ -115,6 +122,9 @@ bool NcclWork::end_event_completed_quietly() const noexcept {
 
 void NcclWork::fail(std::exception_ptr error) {
   if (claim()) {
+    if (recorder_) {
+      recorder_->failed(record_, error);
+    }
     set_error(std::move(error));
   }
 }

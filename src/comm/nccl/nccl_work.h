@@ -25,6 +25,7 @@
 
 #include "comm/fingerprint.h"
 #include "comm/nccl/nccl_support.h"
+#include "flight_recorder/flight_recorder.h"
 
 namespace ddp::internal {
 
@@ -120,6 +121,13 @@ class NcclWork : public Work {
   // Fails the Work with `error`. No-op once completed.
   void fail(std::exception_ptr error);
 
+  // Its flight recorder entry, completed or failed with it (Note [Flight
+  // recorder]). Set once, before the watchdog can see the Work.
+  void set_flight_record(std::shared_ptr<FlightRecorder> recorder, uint64_t record) {
+    recorder_ = std::move(recorder);
+    record_ = record;
+  }
+
   // The checked collective's fingerprint, or null when it has no check.
   const Fingerprint* fingerprint() const {
     return check_ ? &check_->fingerprint : nullptr;
@@ -167,6 +175,8 @@ class NcclWork : public Work {
   CudaEvent end_event_;
   std::mutex claim_mutex_;
   bool claimed_ = false; // guarded by claim_mutex_
+  std::shared_ptr<FlightRecorder> recorder_; // null: not recorded
+  uint64_t record_ = 0;
 };
 
 } // namespace ddp::internal

@@ -1,0 +1,292 @@
+#include "flight_recorder/analyzer.h"
+
+#include <dirent.h>
+
+#include <algorithm>
+#include <cstdint>
+#include <fstream>
+#include <iterator>
+#include <map>
+#include <set>
+#include <sstream>
+#include <stdexcept>
+#include <vector>
+
+#include "flight_recorder/json.h"
+
+namespace ddp::flight_recorder {
+
+namespace {
+
+constexpr size_t kMaxFileBytes = size_t{256} << 20; // far above a dump of 1000000 entries per group
+constexpr size_t kMaxMismatches = 10;
+constexpr size_t kMaxErrorChars = 240;
+
+struct Record {
+  std::string op;
+  std::string shape;
+  std::string state;
+  std::string error;
+  int64_t queued_us = 0;
+  int64_t started_us = 0;
+};
+
+struct RankView {
+  int64_t dumped_at_us = 0;
+  std::string reason;
+  int world_rank = -1;
+  std::map<int64_t, Record> by_seq;
+};
+
+struct GroupView {
+  std::string backend;
+  int size = 0;
+  std::map<int, RankView> ranks; // by group rank
+};
+
+std::string join_ranks(const std::vector<int>& ranks) {
+  std::string text = ranks.size() == 1 ? "rank " : "ranks ";
+  for (size_t i = 0; i < ranks.size(); ++i) {
+    text += (i == 0 ? "" : ", ") + std::to_string(ranks[i]);
+  }
+  return text;
+}
+
+std::string seconds(int64_t us) {
+  std::ostringstream s;
+  s.setf(std::ios::fixed);
+  s.precision(1);
+  s << static_cast<double>(us) / 1e6 << " s";
+  return s.str();
+}
+
+// Reads one dump into `groups`; throws std::runtime_error saying what is wrong.
+void read_dump(const std::string& path, std::map<std::string, GroupView>& groups) {
+  std::ifstream file(path, std::ios::binary);
+  if (!file) {
+    throw std::runtime_error("cannot open it");
+  }
+  std::string text((std::istreambuf_iterator<char>(file)), std::istreambuf_iterator<char>());
+  if (text.size() > kMaxFileBytes) {
+    throw std::runtime_error("larger than " + std::to_string(kMaxFileBytes) + " bytes");
+  }
+  const json::Value dump = json::parse(text);
+  if (!dump.is(json::Value::Kind::kObject) || dump.string_or("schema", "") != "ddp-flight-recorder") {
+    throw std::runtime_error("not a ddp flight recorder dump (no \"schema\": \"ddp-flight-recorder\")");
+  }
+  if (dump.int_or("version", 0) != 1) {
+    throw std::runtime_error("version " + std::to_string(dump.int_or("version", 0)) +
+                             ", this ddprun reads version 1");
+  }
+  const json::Value* list = dump.find("groups");
+  if (list == nullptr || !list->is(json::Value::Kind::kArray)) {
+    throw std::runtime_error("no \"groups\" array");
+  }
+  for (const auto& g : list->items) {
+    GroupView& group = groups[g.string_or("name", "?")];
+    group.backend = g.string_or("backend", "?");
+    group.size = std::max<int>(group.size, static_cast<int>(g.int_or("size", 0)));
+    RankView& view = group.ranks[static_cast<int>(g.int_or("rank", -1))];
+    view.dumped_at_us = dump.int_or("dumped_at_us", 0);
+    view.reason = dump.string_or("reason", "");
+    view.world_rank = static_cast<int>(dump.int_or("rank", -1));
+    view.by_seq.clear();
+    const json::Value* entries = g.find("entries");
+    if (entries == nullptr || !entries->is(json::Value::Kind::kArray)) {
+      continue;
+    }
+    for (const auto& e : entries->items) {
+      Record r;
+      r.op = e.string_or("op", "?");
+      r.shape = e.string_or("shape", "");
+      r.state = e.string_or("state", "?");
+      r.error = e.string_or("error", "");
+      r.queued_us = e.int_or("queued_us", 0);
+      r.started_us = e.int_or("started_us", 0);
+      view.by_seq[e.int_or("seq", -1)] = std::move(r);
+    }
+  }
+}
+
+std::string first_line(const std::string& text) {
+  std::string line = text.substr(0, text.find('\n'));
+  if (line.size() > kMaxErrorChars) {
+    line = line.substr(0, kMaxErrorChars) + "...";
+  }
+  return line;
+}
+
+// The verdict and the mismatches of one group.
+void analyze_group(const std::string& name, const GroupView& group, std::FILE* out) {
+  std::vector<int> without_dump;
+  for (int r = 0; r < group.size; ++r) {
+    if (group.ranks.count(r) == 0) {
+      without_dump.push_back(r);
+    }
+  }
+  // Sequence numbers below `low` fell out of some rank's ring.
+  int64_t low = 0;
+  for (const auto& [rank, view] : group.ranks) {
+    if (!view.by_seq.empty()) {
+      low = std::max(low, view.by_seq.begin()->first);
+    }
+  }
+  // Per rank, its first collective not completed (or the one after its last).
+  int64_t frontier = INT64_MAX;
+  std::map<int, int64_t> last;
+  for (const auto& [rank, view] : group.ranks) {
+    last[rank] = view.by_seq.empty() ? low - 1 : view.by_seq.rbegin()->first;
+    int64_t first = last[rank] + 1;
+    for (auto it = view.by_seq.lower_bound(low); it != view.by_seq.end(); ++it) {
+      if (it->second.state != "completed") {
+        first = it->first;
+        break;
+      }
+    }
+    frontier = std::min(frontier, first);
+  }
+  const std::string header = "group " + name + " (" + group.backend + ", " + std::to_string(group.size) + " ranks)";
+  std::string op;
+  for (const auto& [rank, view] : group.ranks) {
+    const auto found = view.by_seq.find(frontier);
+    if (found != view.by_seq.end()) {
+      op = found->second.op;
+      break;
+    }
+  }
+  if (group.ranks.empty()) {
+    std::fprintf(out, "%s: no dump\n", header.c_str());
+  } else if (op.empty()) {
+    // Nobody has reached the frontier: every rank completed all it recorded.
+    const auto& any = *group.ranks.begin();
+    const auto last_op = any.second.by_seq.empty() ? std::string("nothing")
+                                                   : any.second.by_seq.rbegin()->second.op + " #" +
+                                                         std::to_string(any.second.by_seq.rbegin()->first);
+    std::fprintf(out, "%s: every rank that wrote a dump completed every collective it recorded (the last: %s)\n",
+                 header.c_str(), last_op.c_str());
+  } else {
+    std::map<std::string, std::vector<int>> never; // by "its last was ..."
+    std::vector<std::string> parts;
+    std::vector<int> completed;
+    for (const auto& [rank, view] : group.ranks) {
+      const auto found = view.by_seq.find(frontier);
+      if (found == view.by_seq.end()) {
+        const auto previous = view.by_seq.find(last[rank]);
+        never[previous == view.by_seq.end() ? std::string("none recorded")
+                                            : previous->second.op + " #" + std::to_string(last[rank])]
+            .push_back(rank);
+        continue;
+      }
+      const Record& r = found->second;
+      const int64_t since = r.started_us > 0 ? r.started_us : r.queued_us;
+      if (r.state == "completed") {
+        completed.push_back(rank);
+      } else if (r.state == "failed") {
+        parts.push_back(join_ranks({rank}) + " failed in it: " + first_line(r.error));
+      } else {
+        parts.push_back(join_ranks({rank}) + (r.state == "queued" ? " issued it and waits for it" : " waits in it") +
+                        " since " + seconds(view.dumped_at_us - since));
+      }
+    }
+    std::vector<std::string> verdict;
+    for (const auto& [what, ranks] : never) {
+      verdict.push_back(join_ranks(ranks) + " never called it (" + (ranks.size() == 1 ? "its" : "their") +
+                        " last was " + what + ")");
+    }
+    verdict.insert(verdict.end(), parts.begin(), parts.end());
+    if (!completed.empty()) {
+      verdict.push_back(join_ranks(completed) + " completed it");
+    }
+    std::string line = header + ", " + op + " #" + std::to_string(frontier) + ": ";
+    for (size_t i = 0; i < verdict.size(); ++i) {
+      line += (i == 0 ? "" : "; ") + verdict[i];
+    }
+    std::fprintf(out, "%s\n", line.c_str());
+  }
+  // Collectives whose ranks disagree.
+  std::set<int64_t> seqs;
+  for (const auto& [rank, view] : group.ranks) {
+    for (auto it = view.by_seq.lower_bound(low); it != view.by_seq.end(); ++it) {
+      seqs.insert(it->first);
+    }
+  }
+  size_t shown = 0;
+  for (const int64_t seq : seqs) {
+    std::map<std::string, std::vector<int>> calls;
+    for (const auto& [rank, view] : group.ranks) {
+      const auto found = view.by_seq.find(seq);
+      if (found != view.by_seq.end()) {
+        calls[found->second.op + " " + found->second.shape].push_back(rank);
+      }
+    }
+    if (calls.size() < 2) {
+      continue;
+    }
+    if (shown++ == kMaxMismatches) {
+      std::fprintf(out, "  (more mismatches not shown)\n");
+      break;
+    }
+    std::string line = "  mismatch at #" + std::to_string(seq) + ":";
+    bool first = true;
+    for (const auto& [call, ranks] : calls) {
+      line += (first ? " " : ", ") + join_ranks(ranks) + " called " + call;
+      first = false;
+    }
+    std::fprintf(out, "%s\n", line.c_str());
+  }
+  if (!without_dump.empty()) {
+    std::fprintf(out, "  %s wrote no dump (killed before it could, or its flight recorder was off)\n",
+                 join_ranks(without_dump).c_str());
+  }
+  for (const auto& [rank, view] : group.ranks) {
+    std::fprintf(out, "  rank %d: dump written for: %s\n", rank, first_line(view.reason).c_str());
+  }
+}
+
+} // namespace
+
+int analyze_directory(const std::string& dir, std::FILE* out, std::FILE* err) {
+  DIR* handle = ::opendir(dir.c_str());
+  if (handle == nullptr) {
+    std::fprintf(err, "ddprun --analyze: cannot read the directory %s\n", dir.c_str());
+    return 1;
+  }
+  std::vector<std::string> files;
+  while (const dirent* entry = ::readdir(handle)) {
+    const std::string file = entry->d_name;
+    if (file.rfind("rank_", 0) == 0 && file.size() > 10 && file.compare(file.size() - 5, 5, ".json") == 0) {
+      files.push_back(file);
+    }
+  }
+  ::closedir(handle);
+  std::sort(files.begin(), files.end());
+  std::map<std::string, GroupView> groups;
+  size_t read = 0;
+  for (const auto& file : files) {
+    try {
+      read_dump(dir + "/" + file, groups);
+      ++read;
+    } catch (const std::exception& e) {
+      std::fprintf(err, "ddprun --analyze: skipping %s/%s: %s\n", dir.c_str(), file.c_str(), e.what());
+    }
+  }
+  if (read == 0) {
+    std::fprintf(err,
+                 "ddprun --analyze: no flight recorder dump in %s (expected rank_<R>.json files, which each "
+                 "rank writes there when DDP_FLIGHT_RECORDER_DIR names it)\n",
+                 dir.c_str());
+    return 1;
+  }
+  std::fprintf(out, "ddprun --analyze: %zu dump(s) in %s\n", read, dir.c_str());
+  if (const auto found = groups.find("default"); found != groups.end()) {
+    analyze_group(found->first, found->second, out);
+  }
+  for (const auto& [name, group] : groups) {
+    if (name != "default") {
+      analyze_group(name, group, out);
+    }
+  }
+  return 0;
+}
+
+} // namespace ddp::flight_recorder

@@ -1,0 +1,38 @@
+#pragma once
+
+// A small JSON reader for ddprun (no Torch there): what the flight
+// recorder's dumps and the timeline's traces need, objects, arrays,
+// strings, numbers, true, false and null. Throws std::runtime_error naming
+// the offset of the first thing it cannot read.
+
+#include <cstdint>
+#include <map>
+#include <memory>
+#include <string>
+#include <vector>
+
+namespace ddp::json {
+
+struct Value {
+  enum class Kind { kNull, kBool, kNumber, kString, kArray, kObject };
+  Kind kind = Kind::kNull;
+  bool boolean = false;
+  double number = 0;
+  std::string text;
+  std::vector<Value> items;                 // kArray
+  std::map<std::string, Value> members;     // kObject
+
+  bool is(Kind k) const {
+    return kind == k;
+  }
+  // The member `name` of an object, or nullptr.
+  const Value* find(const std::string& name) const;
+  // The member's string / number, or `fallback` when absent or of another kind.
+  std::string string_or(const std::string& name, const std::string& fallback) const;
+  int64_t int_or(const std::string& name, int64_t fallback) const;
+};
+
+// Parses a whole document; trailing text other than whitespace is an error.
+Value parse(const std::string& text);
+
+} // namespace ddp::json

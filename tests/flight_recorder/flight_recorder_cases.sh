@@ -1,0 +1,138 @@
+#!/usr/bin/env bash
+# Induced faults, each read back by `ddprun --analyze` (Note [Flight
+# recorder] in src/flight_recorder/flight_recorder.cpp). Usage:
+#   flight_recorder_cases.sh <flight_recorder_main> <ddprun> <python3> [mpirun]
+# Two ranks on Gloo, started as plain processes:
+#   skip-signal   rank 1 skips allreduce #5; once it idles, both ranks get
+#                 SIGUSR1 and dump: the verdict names rank 1 (never called
+#                 #5, its last was #4) and rank 0 (waits in it);
+#   skip-timeout  the same, but rank 0 times out in #5 (3 s) and dumps on
+#                 its own; rank 1 dumps on SIGUSR1: rank 0 failed in it;
+#   size          rank 1 calls #5 with 8 floats, rank 0 with 4: both fail
+#                 and dump, and the analyzer shows the mismatch;
+#   ok            nothing goes wrong: every rank completed everything;
+#   empty         a directory with no dump: ddprun --analyze says so, exit 1.
+# With an mpirun, the same program on MPI (DDP_BACKEND=mpi, 2 ranks):
+#   mpi-skip      rank 1 skips allreduce #5; SIGUSR1 to mpirun, which passes
+#                 it to the ranks: rank 1 never called it, rank 0 waits in it;
+#   mpi-size      different sizes: the mismatch.
+# Prints "flight_recorder_cases: N of N checks passed" at the end (checks.sh).
+set -uo pipefail
+. "$(dirname "$0")/../testing/free_port.sh"
+. "$(dirname "$0")/../testing/checks.sh"
+program=$1
+ddprun=$2
+python=$3
+mpirun=${4:-}
+work=$(mktemp -d "${TMPDIR:-/tmp}/ddp-flight-recorder.XXXXXX")
+trap 'kill -9 $(jobs -p) 2>/dev/null; rm -rf "$work"' EXIT
+
+verdict() { # <case> <regex>: the analyzer's output has a line matching it
+  grep -qE "$2" "$work/$1/analysis.txt"
+}
+
+# run <case> <mode> <timeout>: starts both ranks in the background (no
+# `timeout` wrapper: the signals must reach the ranks; the EXIT trap and
+# CTest's TIMEOUT bound them); sets $p0 $p1 and the case's directory $dir
+# (dumps in $dir/fr).
+run() {
+  dir=$work/$1
+  mkdir -p "$dir/fr"
+  local port r
+  port=$(free_port "$python")
+  for r in 0 1; do
+    RANK=$r LOCAL_RANK=$r WORLD_SIZE=2 LOCAL_WORLD_SIZE=2 MASTER_ADDR=127.0.0.1 MASTER_PORT=$port \
+      DDP_FLIGHT_RECORDER_DIR=$dir/fr OMP_NUM_THREADS=1 "$program" "$2" "$3" \
+      >"$dir/$r.log" 2>&1 &
+    eval "p$r=\$!"
+  done
+}
+# until_line <file> <regex>: waits (at most 30 s) for a line to appear.
+until_line() {
+  local i
+  for ((i = 0; i < 300; i++)); do
+    grep -qE "$2" "$1" 2>/dev/null && return 0
+    sleep 0.1
+  done
+  return 1
+}
+analyze() {
+  "$ddprun" --analyze "$dir/fr" >"$dir/analysis.txt" 2>&1
+  local rc=$?
+  sed "s/^/  $1: /" "$dir/analysis.txt"
+  return $rc
+}
+
+# skip-signal
+run skip-signal skip 30
+until_line "$dir/1.log" '^flight_recorder: rank 1 idle$'
+sleep 1 # rank 0 is in allreduce #5 by now
+kill -USR1 $p0 $p1
+until_line "$dir/fr/rank_0.json" '\]\}$'; until_line "$dir/fr/rank_1.json" '\]\}$'
+kill -9 $p0 $p1; wait $p0 $p1 2>/dev/null
+analyze skip-signal
+check skip-signal verdict skip-signal \
+  '^group default \(gloo, 2 ranks\), allreduce #5: rank 1 never called it \(its last was allreduce #4\); rank 0 waits in it since [0-9]+\.[0-9] s$'
+
+# skip-timeout
+run skip-timeout skip 3
+until_line "$dir/1.log" '^flight_recorder: rank 1 idle$'
+wait $p0; rc0=$?
+kill -USR1 $p1
+until_line "$dir/fr/rank_1.json" '\]\}$'
+kill -9 $p1; wait $p1 2>/dev/null
+analyze skip-timeout
+check skip-timeout test $rc0 = 3 -a -s "$dir/fr/rank_0.json" -a "$(grep -c '^flight_recorder: rank 0 caught: .*timed out' "$dir/0.log")" = 1
+check skip-timeout-verdict verdict skip-timeout \
+  '^group default \(gloo, 2 ranks\), allreduce #5: rank 1 never called it \(its last was allreduce #4\); rank 0 (failed in it: \[rank 0/2\] allreduce #5.*timed out|waits in it since [0-9.]+ s$)'
+
+# size
+run size size 3
+wait $p0; rc0=$?; wait $p1; rc1=$?
+analyze size
+check size test $rc0 = 3 -a $rc1 = 3
+check size-verdict verdict size \
+  '^  mismatch at #5: rank 0 called allreduce float32\[4\] SUM, rank 1 called allreduce float32\[8\] SUM$'
+
+# ok
+run ok ok 10
+wait $p0; rc0=$?; wait $p1; rc1=$?
+analyze ok
+check ok test $rc0 = 0 -a $rc1 = 0
+check ok-verdict verdict ok \
+  '^group default \(gloo, 2 ranks\): every rank that wrote a dump completed every collective it recorded \(the last: allreduce #5\)$'
+
+# empty
+dir=$work/empty; mkdir -p "$dir/fr"
+analyze empty; rc=$?
+check empty test $rc = 1 -a "$(grep -c 'no flight recorder dump in' "$dir/analysis.txt")" = 1
+
+if [[ -n $mpirun ]]; then
+  # mpi_run <case> <mode> <timeout>: both ranks under mpirun, in the
+  # background; sets $pm and $dir.
+  mpi_run() {
+    dir=$work/$1
+    mkdir -p "$dir/fr"
+    DDP_BACKEND=mpi DDP_FLIGHT_RECORDER_DIR=$dir/fr OMP_NUM_THREADS=1 OMPI_ALLOW_RUN_AS_ROOT=1 \
+      OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1 OMPI_MCA_rmaps_base_oversubscribe=1 \
+      "$mpirun" -np 2 "$program" "$2" "$3" >"$dir/mpirun.log" 2>&1 &
+    pm=$!
+  }
+  mpi_run mpi-skip skip 30
+  until_line "$dir/mpirun.log" '^flight_recorder: rank 1 idle$'
+  sleep 1
+  kill -USR1 $pm
+  until_line "$dir/fr/rank_0.json" '\]\}$'; until_line "$dir/fr/rank_1.json" '\]\}$'
+  kill -TERM $pm; wait $pm 2>/dev/null
+  analyze mpi-skip
+  check mpi-skip verdict mpi-skip \
+    '^group default \(mpi, 2 ranks\), allreduce #5: rank 1 never called it \(its last was allreduce #4\); rank 0 waits in it since [0-9]+\.[0-9] s$'
+
+  mpi_run mpi-size size 5
+  wait $pm
+  analyze mpi-size
+  check mpi-size verdict mpi-size \
+    '^  mismatch at #5: rank 0 called allreduce float32\[4\] SUM, rank 1 called allreduce float32\[8\] SUM$'
+fi
+
+checks_summary flight_recorder_cases
