@@ -531,8 +531,9 @@ void Reducer::mark_variable_ready(size_t index) {
       }
     } else {
       copy_into_view(grad, view);
-      if (release && !keeps_gradient(param)) {
-        const_cast<at::Tensor&>(param).mutable_grad() = at::Tensor(); // in its bucket now
+      if (release) {
+        // In its bucket now; the owner gets the reduced one back at write-back.
+        const_cast<at::Tensor&>(param).mutable_grad() = at::Tensor();
       } else if (config_.gradient_as_bucket_view && !release) {
         const_cast<at::Tensor&>(param).mutable_grad() = view;
       }

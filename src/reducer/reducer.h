@@ -89,8 +89,8 @@ class Reducer {
   using BucketReducedHook =
       std::function<void(size_t bucket_index, const std::vector<at::Tensor>& parameters)>;
   // `gradient_owner`, when set, names per parameter the one rank that keeps
-  // its reduced gradient (-1: all); on the others its `.grad` is left
-  // undefined from the moment it is copied into its bucket (ZeRO stage 2).
+  // its reduced gradient (-1: all): every `.grad` is dropped once copied into
+  // its bucket, and only the owner gets the reduced one back (ZeRO stage 2).
   // The buckets are then laid out by owner and released between uses: Note
   // [Released buckets] in reducer_finalize.cpp.
   void set_bucket_reduced_hook(BucketReducedHook hook,

@@ -26,10 +26,11 @@
 // backward allocates it again (at::empty: every element is written before
 // the bucket is launched), its gradients grouped by owner in rank order, so
 // that each owner's are one contiguous range that a reduce-scatter can send
-// without a copy. A parameter another rank owns loses its `.grad`
-// as soon as the gradient is copied into the bucket, and one this rank keeps gets
-// its reduced gradient as a tensor of its own, never a view that would keep
-// the whole bucket alive (gradient_as_bucket_view is set aside). Gradient
+// without a copy. Every parameter loses its `.grad` as soon as the gradient
+// is copied into the bucket (the bucket holds it now), and one this rank
+// keeps gets its reduced gradient back at write-back as a tensor of its own,
+// never a view that would keep the whole bucket alive
+// (gradient_as_bucket_view is set aside). Gradient
 // memory per rank is then the owned gradients, about 1/N, plus the buckets
 // being filled or reduced; without it, every bucket stays allocated, the
 // size of all the gradients again. The buffers are plain tensors, not the

@@ -193,8 +193,9 @@ class DistributedDataParallelImpl : public torch::nn::Module {
   /// "Sharded optimizer state"). It may issue collectives: every rank
   /// issues them at the same point. `gradient_owner`, when given, names per
   /// parameter the one rank that keeps its reduced gradient (-1: every
-  /// rank); on the others its `.grad` is left undefined from the moment it
-  /// is copied into its bucket. Each bucket then lays its gradients out
+  /// rank): every `.grad` is dropped once copied into its bucket, and only
+  /// the owner gets the reduced gradient back (the others' stay
+  /// undefined). Each bucket then lays its gradients out
   /// grouped by owner, in rank order, so that a communication hook can
   /// reduce-scatter it in place, and holds memory only from its first
   /// gradient to its write-back. ZeroRedundancyOptimizer's `overlap_with`
