@@ -53,13 +53,13 @@ int64_t now_us() {
       .count();
 }
 
-size_t capacity_from_env() {
+size_t capacity_from_env(int rank, int size, const std::string& backend) {
   const auto text = env_get(kEnvFlightRecorderSize).value_or("2000");
   char* end = nullptr;
   errno = 0;
   const unsigned long long value = std::strtoull(text.c_str(), &end, 10);
-  DDP_CHECK(!text.empty() && text[0] != '-' && *end == '\0' && errno == 0 && value <= kMaxCapacity,
-            kEnvFlightRecorderSize.name, " must be a whole number of collectives in [0, ", kMaxCapacity,
+  DDP_CHECK(!text.empty() && text[0] != '-' && *end == '\0' && errno == 0 && value <= kMaxCapacity, "[rank ",
+            rank, "/", size, "] creating a ", backend, " process group: ", kEnvFlightRecorderSize.name, " must be a whole number of collectives in [0, ", kMaxCapacity,
             "] (0 turns the flight recorder off), got '", text, "'");
   return static_cast<size_t>(value);
 }
@@ -196,7 +196,7 @@ std::string make_directories(const std::string& path) {
 
 std::shared_ptr<FlightRecorder> FlightRecorder::create(std::string group, std::string backend, int rank,
                                                        int size) {
-  const size_t capacity = capacity_from_env();
+  const size_t capacity = capacity_from_env(rank, size, backend);
   if (capacity == 0) {
     return nullptr;
   }

@@ -11,6 +11,8 @@
 #   size          rank 1 calls #5 with 8 floats, rank 0 with 4: both fail
 #                 and dump, and the analyzer shows the mismatch;
 #   ok            nothing goes wrong: every rank completed everything;
+#   bad-size      DDP_FLIGHT_RECORDER_SIZE=lots: every rank's group refused,
+#                 the error naming the rank and the variable;
 #   empty         a directory with no dump: ddprun --analyze says so, exit 1.
 # With an mpirun, the same program on MPI (DDP_BACKEND=mpi, 2 ranks):
 #   mpi-skip      rank 1 skips allreduce #5; SIGUSR1 to mpirun, which passes
@@ -101,6 +103,11 @@ analyze ok
 check ok test $rc0 = 0 -a $rc1 = 0
 check ok-verdict verdict ok \
   '^group default \(gloo, 2 ranks\): every rank that wrote a dump completed every collective it recorded \(the last: allreduce #5\)$'
+
+# bad-size: DDP_FLIGHT_RECORDER_SIZE that is not a count refuses the group
+DDP_FLIGHT_RECORDER_SIZE=lots run bad-size ok 10
+wait $p0; rc0=$?; wait $p1; rc1=$?
+check bad-size test $rc0 = 3 -a $rc1 = 3 -a "$(grep -c "^flight_recorder: rank 0 caught: \[rank 0/2\] creating a gloo process group: DDP_FLIGHT_RECORDER_SIZE must be a whole number of collectives in \[0, 1000000\] (0 turns the flight recorder off), got 'lots'$" "$dir/0.log")" = 1
 
 # empty
 dir=$work/empty; mkdir -p "$dir/fr"
