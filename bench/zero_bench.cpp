@@ -8,6 +8,8 @@
 //   build/ddprun --nproc-per-node 2 --no-prefix build/bench/zero_bench --mode memory
 //       --variant ddp-adam|zero1|zero2 [--width N] [--layers L]
 //   DDP_BACKEND=mpi mpirun -np 2 build/bench/zero_bench [...]
+//   build/ddprun --nproc-per-node 2 --no-prefix build/bench/zero_bench --mode speed
+//       --device cuda --backend gloo|nccl [--batch N]
 // (docs/benchmarks.md, "Sharded optimizer state", has the commands and the
 // figures.)
 //
@@ -34,8 +36,17 @@
 //   zero_bench mode=memory backend=gloo world=2 variant=zero1 params=100020000 largest_param_bytes=100000000 rank=R state_bytes=... grad_bytes=... peak_rss_mb=...
 // for each rank. Peak RSS is per process: launch each variant on its own.
 //
+// --device cuda: each rank's model, batch and optimizer on cuda:LOCAL_RANK
+// (modulo the GPUs), --backend gloo (ranks may share a GPU) or nccl (one GPU
+// per rank; by default the group of init_process_group(), cpu:gloo,cuda:nccl
+// with a GPU), the device synchronised around each timed step; the memory
+// lines then add the GPU's peak of allocated bytes (gpu_peak_mb, from
+// LibTorch's caching allocator). bench/gpu/zero_step_bench.py is PyTorch's
+// ZeroRedundancyOptimizer with the same model and lines (docs/gpu.md).
+//
 // Exits 1 if a step fails, 2 on a bad command line.
 
+#include <torch/cuda.h>
 #include <torch/torch.h>
 
 #include <sys/resource.h>
@@ -51,6 +62,10 @@
 #include <vector>
 
 #include <ddp/ddp.h>
+
+#ifdef DDP_WITH_NCCL
+#include <c10/cuda/CUDACachingAllocator.h>
+#endif
 
 namespace {
 
@@ -68,13 +83,17 @@ struct Config {
   int64_t iters = 10;
   int64_t warmup = 2;
   int64_t rounds = 3;
+  int64_t batch = 0; // 0: the mode's default
+  std::string device = "cpu";
+  std::string backend; // empty: init_process_group()'s choice
 };
 
 [[noreturn]] void usage_error(const std::string& message) {
   std::fprintf(stderr,
                "zero_bench: %s\n"
                "usage: zero_bench --mode speed [--iters N] [--warmup N] [--rounds R]\n"
-               "       zero_bench --mode memory --variant ddp-adam|zero1|zero2 [--width N] [--layers L]\n",
+               "       zero_bench --mode memory --variant ddp-adam|zero1|zero2 [--width N] [--layers L]\n"
+               "       either with [--device cpu|cuda] [--backend gloo|nccl|mpi] [--batch N]\n",
                message.c_str());
   std::exit(2);
 }
@@ -110,12 +129,25 @@ Config parse_args(int argc, char** argv) {
       config.warmup = parse_count(flag, value, 0);
     } else if (flag == "--rounds") {
       config.rounds = parse_count(flag, value, 1);
+    } else if (flag == "--batch") {
+      config.batch = parse_count(flag, value, 1);
+    } else if (flag == "--device") {
+      config.device = value;
+    } else if (flag == "--backend") {
+      config.backend = value;
     } else {
       usage_error("unknown flag '" + flag + "'");
     }
   }
   if (config.mode != "speed" && config.mode != "memory") {
     usage_error("--mode must be speed or memory (got '" + config.mode + "')");
+  }
+  if (config.device != "cpu" && config.device != "cuda") {
+    usage_error("--device must be cpu or cuda (got '" + config.device + "')");
+  }
+  if (!config.backend.empty() && config.backend != "gloo" && config.backend != "nccl" &&
+      config.backend != "mpi") {
+    usage_error("--backend must be gloo, nccl or mpi (got '" + config.backend + "')");
   }
   if (config.mode == "memory" && config.variant != "ddp-adam" && config.variant != "zero1" &&
       config.variant != "zero2") {
@@ -175,11 +207,16 @@ struct Variant {
   std::vector<double> medians; // per round
 };
 
-Variant make_variant(const std::string& name, int64_t width, bool bucket_view, int64_t layers = kLayers) {
+Variant make_variant(const std::string& name, int64_t width, bool bucket_view, int64_t layers,
+                     const torch::Device& device) {
   torch::manual_seed(0);
   Variant v{name, make_mlp(width, layers), nullptr, nullptr, {}};
-  v.model = std::make_shared<ddp::DistributedDataParallel>(
-      v.net, ddp::DistributedDataParallelOptions().gradient_as_bucket_view(bucket_view));
+  v.net->to(device);
+  auto ddp_options = ddp::DistributedDataParallelOptions().gradient_as_bucket_view(bucket_view);
+  if (device.is_cuda()) {
+    ddp_options.device_ids({device});
+  }
+  v.model = std::make_shared<ddp::DistributedDataParallel>(v.net, ddp_options);
   const auto options = torch::optim::AdamOptions(kLearningRate);
   if (name == "ddp-adam") {
     v.optimizer = std::make_unique<torch::optim::Adam>((*v.model)->parameters(), options);
@@ -202,33 +239,46 @@ void step(Variant& v, const torch::Tensor& x, const torch::Tensor& y) {
   v.optimizer->step();
 }
 
+void synchronize(const torch::Device& device) {
+  if (device.is_cuda()) {
+    torch::cuda::synchronize(device.index());
+  }
+}
+
 // The per-step times of `iters` steps, each the slowest rank's.
 std::vector<double> time_steps(ddp::ProcessGroup& group, Variant& v, const torch::Tensor& x,
                                const torch::Tensor& y, int64_t warmup, int64_t iters) {
+  const auto device = x.device();
   for (int64_t i = 0; i < warmup; ++i) {
     step(v, x, y);
   }
-  auto times = torch::empty({iters}, torch::kDouble);
+  std::vector<double> host(static_cast<size_t>(iters));
   for (int64_t i = 0; i < iters; ++i) {
+    synchronize(device);
     const auto start = Clock::now();
     step(v, x, y);
-    times[i] = std::chrono::duration<double, std::milli>(Clock::now() - start).count();
+    synchronize(device);
+    host[static_cast<size_t>(i)] = std::chrono::duration<double, std::milli>(Clock::now() - start).count();
   }
+  // On the model's device: a pure NCCL group takes CUDA tensors only.
+  auto times = torch::tensor(host, torch::kDouble).to(device);
   group.allreduce(times, {ddp::ReduceOp::kMax})->wait();
+  times = times.cpu();
   std::vector<double> sorted(times.data_ptr<double>(), times.data_ptr<double>() + iters);
   std::sort(sorted.begin(), sorted.end());
   return sorted;
 }
 
-int run_speed(ddp::ProcessGroup& group, const Config& config) {
+int run_speed(ddp::ProcessGroup& group, const Config& config, const torch::Device& device) {
   const std::vector<std::string> names = {"ddp-adam", "zero1", "zero1-overlap", "zero2-overlap"};
   std::vector<Variant> variants;
   for (const auto& name : names) {
-    variants.push_back(make_variant(name, kSpeedWidth, false));
+    variants.push_back(make_variant(name, kSpeedWidth, false, kLayers, device));
   }
+  const int64_t batch = config.batch > 0 ? config.batch : kSpeedBatch;
   torch::manual_seed(1 + group.rank());
-  const auto x = torch::randn({kSpeedBatch, kSpeedWidth});
-  const auto y = torch::randn({kSpeedBatch, kSpeedWidth});
+  const auto x = torch::randn({batch, kSpeedWidth}).to(device);
+  const auto y = torch::randn({batch, kSpeedWidth}).to(device);
   for (int64_t round = 0; round < config.rounds; ++round) {
     for (size_t k = 0; k < variants.size(); ++k) {
       auto& v = variants[(k + static_cast<size_t>(round)) % variants.size()];
@@ -244,22 +294,40 @@ int run_speed(ddp::ProcessGroup& group, const Config& config) {
       for (const double m : v.medians) {
         rounds += (rounds.empty() ? "" : ",") + std::to_string(m).substr(0, 7);
       }
-      std::printf("zero_bench mode=speed backend=%s world=%d variant=%s params=%lld median_ms=%.1f "
+      std::printf("zero_bench mode=speed backend=%s world=%d%s variant=%s params=%lld median_ms=%.*f "
                   "ratio=%.3f rounds_ms=%s\n",
-                  group.backend_name().c_str(), group.size(), v.name.c_str(),
-                  static_cast<long long>(parameter_count(*v.net)), best, best / anchor, rounds.c_str());
+                  group.backend_name().c_str(), group.size(),
+                  device.is_cuda() ? c10::str(" device=cuda batch=", batch).c_str() : "", v.name.c_str(),
+                  static_cast<long long>(parameter_count(*v.net)), device.is_cuda() ? 3 : 1, best,
+                  best / anchor, rounds.c_str());
     }
     std::fflush(stdout);
   }
   return 0;
 }
 
-int run_memory(ddp::ProcessGroup& group, const Config& config) {
+// The peak of the bytes LibTorch's caching allocator has handed out on
+// `device` since the process started, in MB; 0 on the CPU.
+double gpu_peak_mb(const torch::Device& device) {
+#ifdef DDP_WITH_NCCL
+  if (device.is_cuda()) {
+    synchronize(device);
+    const auto stats = c10::cuda::CUDACachingAllocator::getDeviceStats(device.index());
+    const auto aggregate = static_cast<size_t>(c10::CachingAllocator::StatType::AGGREGATE);
+    return static_cast<double>(stats.allocated_bytes[aggregate].peak) / (1024.0 * 1024.0);
+  }
+#endif
+  TORCH_CHECK(!device.is_cuda(), "zero_bench: the GPU's memory is measured in builds with the NCCL backend only");
+  return 0.0;
+}
+
+int run_memory(ddp::ProcessGroup& group, const Config& config, const torch::Device& device) {
   auto v = make_variant(config.variant == "zero2" ? "zero2-overlap" : config.variant, config.width, false,
-                        config.layers);
+                        config.layers, device);
+  const int64_t batch = config.batch > 0 ? config.batch : kMemoryBatch;
   torch::manual_seed(1 + group.rank());
-  const auto x = torch::randn({kMemoryBatch, config.width});
-  const auto y = torch::randn({kMemoryBatch, config.width});
+  const auto x = torch::randn({batch, config.width}).to(device);
+  const auto y = torch::randn({batch, config.width}).to(device);
   for (int i = 0; i < 3; ++i) {
     step(v, x, y);
   }
@@ -272,13 +340,17 @@ int run_memory(ddp::ProcessGroup& group, const Config& config) {
     grad_bytes += p.grad().defined() ? static_cast<int64_t>(p.grad().nbytes()) : 0;
   }
   auto mine = torch::tensor({static_cast<double>(state_bytes(holder)), static_cast<double>(grad_bytes),
-                             peak_rss_mb()},
-                            torch::kDouble);
+                             peak_rss_mb(), gpu_peak_mb(device)},
+                            torch::kDouble)
+                  .to(device);
   std::vector<torch::Tensor> all;
   for (int r = 0; r < group.size(); ++r) {
-    all.push_back(torch::empty({3}, torch::kDouble));
+    all.push_back(torch::empty({4}, mine.options()));
   }
   group.allgather(all, mine)->wait();
+  for (auto& t : all) {
+    t = t.cpu();
+  }
   if (group.rank() == 0) {
     int64_t largest = 0;
     for (const auto& p : v.net->parameters()) {
@@ -287,10 +359,10 @@ int run_memory(ddp::ProcessGroup& group, const Config& config) {
     for (int r = 0; r < group.size(); ++r) {
       const auto* f = all[static_cast<size_t>(r)].data_ptr<double>();
       std::printf("zero_bench mode=memory backend=%s world=%d variant=%s params=%lld "
-                  "largest_param_bytes=%lld rank=%d state_bytes=%.0f grad_bytes=%.0f peak_rss_mb=%.0f\n",
+                  "largest_param_bytes=%lld rank=%d state_bytes=%.0f grad_bytes=%.0f peak_rss_mb=%.0f%s\n",
                   group.backend_name().c_str(), group.size(), config.variant.c_str(),
                   static_cast<long long>(parameter_count(*v.net)), static_cast<long long>(largest), r, f[0],
-                  f[1], f[2]);
+                  f[1], f[2], device.is_cuda() ? c10::str(" gpu_peak_mb=", static_cast<int64_t>(f[3])).c_str() : "");
     }
     std::fflush(stdout);
   }
@@ -303,8 +375,24 @@ int main(int argc, char** argv) {
   const Config config = parse_args(argc, argv);
   try {
     torch::set_num_threads(1);
-    auto group = ddp::init_process_group();
-    const int status = config.mode == "speed" ? run_speed(*group, config) : run_memory(*group, config);
+    auto options = ddp::InitOptions();
+    if (config.backend == "gloo") {
+      options.backend(ddp::Backend::kGloo);
+    } else if (config.backend == "nccl") {
+      options.backend(ddp::Backend::kNccl);
+    } else if (config.backend == "mpi") {
+      options.backend(ddp::Backend::kMpi);
+    }
+    torch::Device device(torch::kCPU);
+    if (config.device == "cuda") {
+      TORCH_CHECK(torch::cuda::is_available(), "zero_bench: --device cuda, but no CUDA device is visible");
+      const auto info = ddp::world_info_from_env();
+      device = torch::Device(torch::kCUDA,
+                             static_cast<c10::DeviceIndex>(info.local_rank % static_cast<int>(torch::cuda::device_count())));
+    }
+    auto group = ddp::init_process_group(options);
+    const int status =
+        config.mode == "speed" ? run_speed(*group, config, device) : run_memory(*group, config, device);
     ddp::destroy_process_group();
     return status;
   } catch (const std::exception& e) {

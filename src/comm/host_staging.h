@@ -77,6 +77,29 @@ class HostStaging {
     return host;
   }
 
+  // A host copy of `tensor` that the backend only reads: not written back.
+  // `tensor` itself when it is on the CPU.
+  at::Tensor read(const at::Tensor& tensor) const {
+    if (!tensor.is_cuda()) {
+      return tensor;
+    }
+    auto host = at::empty(tensor.sizes(), tensor.options().device(at::kCPU).pinned_memory(true));
+    host.copy_(tensor);
+    return host;
+  }
+
+  // A host buffer for `tensor` that the backend only writes: not copied from
+  // the device, written back by copy_back(). `tensor` itself when it is on
+  // the CPU.
+  at::Tensor write(const at::Tensor& tensor) {
+    if (!tensor.is_cuda()) {
+      return tensor;
+    }
+    auto host = at::empty(tensor.sizes(), tensor.options().device(at::kCPU).pinned_memory(true));
+    pairs_.emplace_back(tensor, host);
+    return host;
+  }
+
   // Writes every staged host tensor back to its device tensor.
   void copy_back() {
     for (auto& [device, host] : pairs_) {

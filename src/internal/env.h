@@ -77,6 +77,10 @@ inline constexpr EnvVar kEnvFlightRecorderDir{"DDP_FLIGHT_RECORDER_DIR", nullptr
     "Where each rank writes its flight recorder dump, rank_<R>.json, when a collective fails, on "
     "SIGUSR1 and on ddp::dump_flight_recorder(). Unset: $TMPDIR/ddp_flight_recorder (/tmp when "
     "TMPDIR is unset). `ddprun --analyze DIR` reads them."};
+inline constexpr EnvVar kEnvNcclCollectiveCheck{"DDP_NCCL_COLLECTIVE_CHECK", "auto",
+    "The NCCL backend's collective fingerprint check (Note [NCCL fingerprint check]): auto (with "
+    "two ranks or more), on (with one rank too: what measures its cost on one GPU), off (never; "
+    "ranks that call different collectives then hang until the group's timeout)."};
 inline constexpr EnvVar kEnvDebug{"DDP_DEBUG", "0",
     "1: rank 0 prints DDP's per-iteration insight figures and bucket layout."};
 // Tests only.

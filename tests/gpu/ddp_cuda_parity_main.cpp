@@ -17,7 +17,6 @@
 
 #include <torch/torch.h>
 
-#include <algorithm>
 #include <cstdio>
 #include <exception>
 #include <string>
@@ -28,7 +27,6 @@
 
 namespace {
 
-constexpr int64_t kGlobalBatch = 12; // divisible by 1, 2, 3 and 4
 constexpr int kSteps = 5;
 constexpr double kTolerance = 1e-5;
 
@@ -37,37 +35,15 @@ torch::nn::Sequential make_net() {
   return torch::nn::Sequential(torch::nn::Linear(8, 16), torch::nn::Tanh(), torch::nn::Linear(16, 4));
 }
 
-std::pair<torch::Tensor, torch::Tensor> global_batch(int64_t step) {
-  torch::manual_seed(100 + step);
-  auto x = torch::randn({kGlobalBatch, 8});
-  auto y = torch::randn({kGlobalBatch, 4});
-  return {x, y};
-}
-
 int run(const std::string& backend_name) {
-  const int devices = ddp_gpu_test::device_count();
-  if (devices == 0) {
-    std::printf("%s\n", ddp_gpu_test::kNoDevice);
+  const auto launched = ddp_gpu_test::launch_rank(backend_name);
+  if (!launched) {
     return ddp_gpu_test::kSkipExitCode;
   }
-  const auto info = ddp::world_info_from_env();
-  const bool nccl = backend_name == "nccl";
-  if (nccl && devices < info.local_world_size) {
-    std::printf("skipped: NCCL with %d ranks on this node needs %d GPUs, found %d\n",
-                info.local_world_size, info.local_world_size, devices);
-    return ddp_gpu_test::kSkipExitCode;
-  }
-  const int device_index = info.local_rank % devices;
-  const auto device = ddp_gpu_test::cuda(device_index);
-  auto group = ddp::init_process_group(
-      ddp::InitOptions().backend(nccl ? ddp::Backend::kNccl : ddp::Backend::kGloo));
-  const int rank = group->rank();
-  const int world = group->size();
-  if (kGlobalBatch % world != 0) {
-    std::printf("world size %d does not divide the global batch of %lld\n", world,
-                static_cast<long long>(kGlobalBatch));
-    return 1;
-  }
+  const auto device = launched->device;
+  const int device_index = device.index();
+  const int rank = launched->group->rank();
+  const int world = launched->group->size();
 
   auto reference = make_net();
   auto net = make_net();
@@ -76,25 +52,8 @@ int run(const std::string& backend_name) {
       net, ddp::DistributedDataParallelOptions().device_ids({device}).bucket_cap_mb(0.0001));
   torch::optim::SGD reference_optimizer(reference->parameters(), 0.1);
   torch::optim::SGD optimizer(net->parameters(), 0.1);
-  const int64_t per_rank = kGlobalBatch / world;
-  for (int64_t step = 0; step < kSteps; ++step) {
-    auto [x, y] = global_batch(step);
-    reference_optimizer.zero_grad();
-    torch::mse_loss(reference->forward(x), y).backward();
-    reference_optimizer.step();
-
-    optimizer.zero_grad();
-    auto mine_x = x.narrow(0, rank * per_rank, per_rank).to(device);
-    auto mine_y = y.narrow(0, rank * per_rank, per_rank).to(device);
-    torch::mse_loss(model(mine_x), mine_y).backward();
-    optimizer.step();
-  }
-
-  double worst = 0.0;
-  auto expected = reference->named_parameters();
-  for (const auto& p : net->named_parameters()) {
-    worst = std::max(worst, (p.value().cpu() - expected[p.key()]).abs().max().item<double>());
-  }
+  const double worst = ddp_gpu_test::train_against_cpu(reference, reference_optimizer, model, net, optimizer,
+                                                       device, rank, world, kSteps);
   const bool ok = worst <= kTolerance;
   std::printf("[%s] gpu ddp parity backend=%s world=%d device=cuda:%d: max |ours - reference| %.3g "
               "(tolerance %.0e)\n",
@@ -106,17 +65,5 @@ int run(const std::string& backend_name) {
 } // namespace
 
 int main(int argc, char** argv) {
-  const std::string backend = argc > 1 ? argv[1] : "gloo";
-  if (backend != "gloo" && backend != "nccl") {
-    std::fprintf(stderr, "usage: %s gloo|nccl\n", argv[0]);
-    return 2;
-  }
-  try {
-    return run(backend);
-  } catch (const c10::Error& e) {
-    std::fprintf(stderr, "gpu_ddp_parity_main: %s\n", e.what_without_backtrace());
-  } catch (const std::exception& e) {
-    std::fprintf(stderr, "gpu_ddp_parity_main: %s\n", e.what());
-  }
-  return 1;
+  return ddp_gpu_test::parity_main(argc, argv, "gpu_ddp_parity_main", run);
 }

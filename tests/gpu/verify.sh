@@ -8,10 +8,12 @@
 #   PYTHON     an interpreter whose torch has CUDA, for PyTorch's side of the
 #              benchmark (default: python3)
 #
-# Steps: the CTest tests labelled gpu; DDP parity on CUDA with 2 ranks under
-# ddprun (Gloo; NCCL when there are 2 GPUs); the ToyModel example alone on
-# the GPU; the side-by-side DDP step benchmark
-# (bench/gpu/run_ddp_step_bench.py).
+# Steps: the CTest tests labelled gpu; DDP and ZeroRedundancyOptimizer
+# parity on CUDA with 2 ranks under ddprun (Gloo; NCCL when there are 2
+# GPUs); the ToyModel example alone on the GPU; the side-by-side DDP step
+# benchmark (bench/gpu/run_ddp_step_bench.py), and ZeRO's step against
+# PyTorch's ZeroRedundancyOptimizer (bench/zero_bench.cpp --device cuda,
+# bench/gpu/zero_step_bench.py).
 # DDP_VERIFY_BENCH=0 leaves the benchmark out. Exits non-zero when a check
 # fails; benchmark ratios never fail it.
 set -uo pipefail
@@ -44,18 +46,20 @@ nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader ||
 step "CTest, label gpu"
 check ctest-gpu ctest --test-dir "$build" -L gpu --output-on-failure --timeout 300
 
-step "DDP parity on CUDA, 2 ranks"
-for backend in gloo nccl; do
-  "$build/ddprun" --nproc-per-node 2 "$build/tests/gpu_ddp_parity_main" "$backend"
-  rc=$?
-  if [[ $rc -eq 77 ]]; then
-    echo "verify.sh: SKIP gpu_ddp_parity_main $backend (needs more GPUs)"
-  elif [[ $rc -eq 0 ]]; then
-    echo "verify.sh: PASS gpu_ddp_parity_main $backend"
-  else
-    echo "verify.sh: FAIL gpu_ddp_parity_main $backend (exit code $rc)"
-    failed=1
-  fi
+step "DDP and ZeRO parity on CUDA, 2 ranks"
+for program in gpu_ddp_parity_main gpu_zero_parity_main; do
+  for backend in gloo nccl; do
+    "$build/ddprun" --nproc-per-node 2 "$build/tests/$program" "$backend"
+    rc=$?
+    if [[ $rc -eq 77 ]]; then
+      echo "verify.sh: SKIP $program $backend (needs more GPUs)"
+    elif [[ $rc -eq 0 ]]; then
+      echo "verify.sh: PASS $program $backend"
+    else
+      echo "verify.sh: FAIL $program $backend (exit code $rc)"
+      failed=1
+    fi
+  done
 done
 
 step "ToyModel example, alone, on the GPU"
@@ -64,6 +68,15 @@ check toy_model-alone "$build/examples/toy_model"
 if [[ ${DDP_VERIFY_BENCH:-1} != 0 ]]; then
   step "DDP step benchmark against PyTorch DDP"
   check step-bench "$python" "$root/bench/gpu/run_ddp_step_bench.py" "$build" --python "$python"
+  step "ZeRO step against PyTorch's ZeroRedundancyOptimizer (NCCL 1 rank, Gloo 2 ranks)"
+  for config in nccl:1 gloo:2; do
+    backend=${config%%:*}
+    nproc=${config##*:}
+    check "zero-bench-$backend" "$build/ddprun" --nproc-per-node "$nproc" --no-prefix "$build/bench/zero_bench" \
+      --mode speed --device cuda --backend "$backend" --batch 512
+    check "zero-bench-torch-$backend" "$build/ddprun" --nproc-per-node "$nproc" --no-prefix "$python" \
+      "$root/bench/gpu/zero_step_bench.py" --mode speed --backend "$backend" --batch 512
+  done
 fi
 
 echo

@@ -434,24 +434,25 @@ std::shared_ptr<Work> ProcessGroupGloo::reduce_scatter(const at::Tensor& output,
       std::move(fingerprint), resolve_timeout(options.timeout), args.keep(keep),
       args.wrap([output = keep.back(), inputs = std::vector<at::Tensor>(keep.begin(), keep.end() - 1),
                  kernel, op, size, context](uint32_t tag, std::chrono::milliseconds timeout) {
+        // CUDA inputs are read through pinned host copies, and the output is
+        // written to a pinned buffer copied back once (Note [Gloo and CUDA
+        // streams]); neither is copied the other way.
+        internal::HostStaging staging;
         std::vector<at::Tensor> hosts;
         std::vector<const void*> data;
         std::vector<size_t> counts;
         for (const auto& t : inputs) {
-          hosts.push_back(t.cpu()); // contiguous already (ContiguousArguments)
+          hosts.push_back(staging.read(t)); // contiguous already (ContiguousArguments)
           data.push_back(hosts.back().data_ptr());
           counts.push_back(static_cast<size_t>(t.numel()));
         }
-        auto chunk = output.is_cpu() ? output.view({-1})
-                                     : at::empty({output.numel()}, output.options().device(at::kCPU));
+        auto chunk = staging.write(output);
         internal::direct_reduce_scatter(context, data, counts, output.element_size(), chunk.data_ptr(),
                                         kernel, tag, timeout);
         if (op == ReduceOp::kAvg) {
           chunk.div_(size);
         }
-        if (!chunk.is_same(output.view({-1}))) {
-          output.view({-1}).copy_(chunk);
-        }
+        staging.copy_back();
         return std::vector<at::Tensor>{output};
       }));
 }

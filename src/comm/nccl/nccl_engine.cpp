@@ -29,6 +29,21 @@ using namespace nccl_detail;
 
 // ---- Construction and destruction ------------------------------------------------------
 
+namespace {
+
+// DDP_NCCL_COLLECTIVE_CHECK: auto checks with two ranks or more (one rank
+// cannot disagree with itself); on checks with one rank too, which is how its
+// cost is measured on a machine with one GPU; off never checks.
+bool collective_check_enabled(int rank, int size) {
+  const auto mode = env_get(kEnvNcclCollectiveCheck).value_or("auto");
+  DDP_CHECK(mode == "auto" || mode == "on" || mode == "off", "[rank ", rank, "/", size,
+            "] creating an nccl process group: ", kEnvNcclCollectiveCheck.name,
+            " must be auto, on or off, got '", mode, "'");
+  return mode == "on" || (mode == "auto" && size > 1);
+}
+
+} // namespace
+
 NcclEngine::NcclEngine(std::shared_ptr<Store> store, int rank, int size, NcclEngineOptions options,
                        std::string who)
     : store_(std::move(store)),
@@ -37,8 +52,9 @@ NcclEngine::NcclEngine(std::shared_ptr<Store> store, int rank, int size, NcclEng
       options_(std::move(options)),
       who_(std::move(who)),
       prefix_(group_prefix(options_.group_name, rank)),
-      fingerprints_(size > 1 ? std::make_unique<FingerprintExchange>(store_, prefix_ + "fp/", rank, size)
-                             : nullptr),
+      fingerprints_(collective_check_enabled(rank, size)
+                        ? std::make_unique<FingerprintExchange>(store_, prefix_ + "fp/", rank, size)
+                        : nullptr),
       recorder_(FlightRecorder::create(options_.group_name, "nccl", rank, size)) {
   if (options_.device_index >= 0) {
     device_ = options_.device_index;

@@ -12,6 +12,7 @@
 #include <ddp/comm/error.h>
 
 #include "comm/nccl/nccl_engine_detail.h"
+#include "flight_recorder/flight_recorder.h"
 #include "internal/check.h"
 #include "internal/logging.h"
 
@@ -160,10 +161,12 @@ void NcclWork::wait(std::chrono::milliseconds timeout) {
       break;
     }
     if (std::chrono::steady_clock::now() >= deadline) {
-      throw TimeoutError(c10::str(
+      auto message = c10::str(
           name(), ": wait timed out after ", limit.count(),
           " ms; the operation has not completed on the GPU (a peer may be slow, stuck or dead, or "
-          "ranks issued collectives in different orders)"));
+          "ranks issued collectives in different orders)");
+      dump_flight_recorders(message); // Note [Flight recorder], as Work::wait does
+      throw TimeoutError(message);
     }
     backoff.pause();
   }
