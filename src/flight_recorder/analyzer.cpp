@@ -12,6 +12,7 @@
 #include <stdexcept>
 #include <vector>
 
+#include "flight_recorder/dump_view.h"
 #include "flight_recorder/json.h"
 
 namespace ddp::flight_recorder {
@@ -21,28 +22,6 @@ namespace {
 constexpr size_t kMaxFileBytes = size_t{256} << 20; // far above a dump of 1000000 entries per group
 constexpr size_t kMaxMismatches = 10;
 constexpr size_t kMaxErrorChars = 240;
-
-struct Record {
-  std::string op;
-  std::string shape;
-  std::string state;
-  std::string error;
-  int64_t queued_us = 0;
-  int64_t started_us = 0;
-};
-
-struct RankView {
-  int64_t dumped_at_us = 0;
-  std::string reason;
-  int world_rank = -1;
-  std::map<int64_t, Record> by_seq;
-};
-
-struct GroupView {
-  std::string backend;
-  int size = 0;
-  std::map<int, RankView> ranks; // by group rank
-};
 
 std::string join_ranks(const std::vector<int>& ranks) {
   std::string text = ranks.size() == 1 ? "rank " : "ranks ";
@@ -60,8 +39,9 @@ std::string seconds(int64_t us) {
   return s.str();
 }
 
-// Reads one dump into `groups`; throws std::runtime_error saying what is wrong.
-void read_dump(const std::string& path, std::map<std::string, GroupView>& groups) {
+// Reads one dump, written by global rank `rank` (from its file name), into
+// `groups`; throws std::runtime_error saying what is wrong.
+void read_dump(const std::string& path, int rank, std::map<std::string, GroupView>& groups) {
   std::ifstream file(path, std::ios::binary);
   if (!file) {
     throw std::runtime_error("cannot open it");
@@ -71,8 +51,14 @@ void read_dump(const std::string& path, std::map<std::string, GroupView>& groups
     throw std::runtime_error("larger than " + std::to_string(kMaxFileBytes) + " bytes");
   }
   const json::Value dump = json::parse(text);
+  if (is_pytorch_dump(dump)) {
+    read_pytorch_dump(dump, rank, groups);
+    return;
+  }
   if (!dump.is(json::Value::Kind::kObject) || dump.string_or("schema", "") != "ddp-flight-recorder") {
-    throw std::runtime_error("not a ddp flight recorder dump (no \"schema\": \"ddp-flight-recorder\")");
+    throw std::runtime_error(
+        "neither a ddp flight recorder dump (\"schema\": \"ddp-flight-recorder\") nor a PyTorch one in "
+        "JSON (\"pg_config\" and \"entries\")");
   }
   if (dump.int_or("version", 0) != 1) {
     throw std::runtime_error("version " + std::to_string(dump.int_or("version", 0)) +
@@ -147,6 +133,7 @@ void analyze_group(const std::string& name, const GroupView& group, std::FILE* o
   }
   const std::string header = "group " + name + " (" + group.backend + ", " + std::to_string(group.size) + " ranks)";
   std::string op;
+  bool named_without_dump = false;
   for (const auto& [rank, view] : group.ranks) {
     const auto found = view.by_seq.find(frontier);
     if (found != view.by_seq.end()) {
@@ -185,10 +172,15 @@ void analyze_group(const std::string& name, const GroupView& group, std::FILE* o
         parts.push_back(join_ranks({rank}) + " failed in it: " + first_line(r.error));
       } else {
         parts.push_back(join_ranks({rank}) + (r.state == "queued" ? " issued it and waits for it" : " waits in it") +
-                        " since " + seconds(view.dumped_at_us - since));
+                        (view.dumped_at_us > 0 && since > 0 ? " since " + seconds(view.dumped_at_us - since) : ""));
       }
     }
     std::vector<std::string> verdict;
+    if (!without_dump.empty()) {
+      // The likeliest culprits when the others wait: nothing is known of them.
+      verdict.push_back(join_ranks(without_dump) + " left no dump (killed, or its flight recorder off)");
+      named_without_dump = true;
+    }
     for (const auto& [what, ranks] : never) {
       verdict.push_back(join_ranks(ranks) + " never called it (" + (ranks.size() == 1 ? "its" : "their") +
                         " last was " + what + ")");
@@ -234,13 +226,34 @@ void analyze_group(const std::string& name, const GroupView& group, std::FILE* o
     }
     std::fprintf(out, "%s\n", line.c_str());
   }
-  if (!without_dump.empty()) {
+  if (!without_dump.empty() && !named_without_dump) {
     std::fprintf(out, "  %s wrote no dump (killed before it could, or its flight recorder was off)\n",
                  join_ranks(without_dump).c_str());
   }
   for (const auto& [rank, view] : group.ranks) {
     std::fprintf(out, "  rank %d: dump written for: %s\n", rank, first_line(view.reason).c_str());
   }
+}
+
+// The rank that a dump's file name gives: ddp's rank_<R>.json, or PyTorch's
+// <prefix>rank_<R> (its default, nccl_trace_rank_<R>) with or without .json;
+// -1 for any other file.
+int rank_of_file(std::string name) {
+  if (name.size() > 5 && name.compare(name.size() - 5, 5, ".json") == 0) {
+    name.resize(name.size() - 5);
+  }
+  const auto at = name.rfind("rank_");
+  if (at == std::string::npos || at + 5 == name.size() || name.size() - at > 5 + 9) {
+    return -1;
+  }
+  int rank = 0;
+  for (size_t i = at + 5; i < name.size(); ++i) {
+    if (name[i] < '0' || name[i] > '9') {
+      return -1;
+    }
+    rank = rank * 10 + (name[i] - '0');
+  }
+  return rank;
 }
 
 } // namespace
@@ -251,20 +264,20 @@ int analyze_directory(const std::string& dir, std::FILE* out, std::FILE* err) {
     std::fprintf(err, "ddprun --analyze: cannot read the directory %s\n", dir.c_str());
     return 1;
   }
-  std::vector<std::string> files;
+  std::vector<std::pair<std::string, int>> files; // and the rank the name gives
   while (const dirent* entry = ::readdir(handle)) {
     const std::string file = entry->d_name;
-    if (file.rfind("rank_", 0) == 0 && file.size() > 10 && file.compare(file.size() - 5, 5, ".json") == 0) {
-      files.push_back(file);
+    if (const int rank = rank_of_file(file); rank >= 0) {
+      files.emplace_back(file, rank);
     }
   }
   ::closedir(handle);
   std::sort(files.begin(), files.end());
   std::map<std::string, GroupView> groups;
   size_t read = 0;
-  for (const auto& file : files) {
+  for (const auto& [file, rank] : files) {
     try {
-      read_dump(dir + "/" + file, groups);
+      read_dump(dir + "/" + file, rank, groups);
       ++read;
     } catch (const std::exception& e) {
       std::fprintf(err, "ddprun --analyze: skipping %s/%s: %s\n", dir.c_str(), file.c_str(), e.what());
@@ -273,7 +286,8 @@ int analyze_directory(const std::string& dir, std::FILE* out, std::FILE* err) {
   if (read == 0) {
     std::fprintf(err,
                  "ddprun --analyze: no flight recorder dump in %s (expected rank_<R>.json files, which each "
-                 "rank writes there when DDP_FLIGHT_RECORDER_DIR names it)\n",
+                 "rank writes there when DDP_FLIGHT_RECORDER_DIR names it, or PyTorch's JSON dumps named "
+                 "<prefix>rank_<R>)\n",
                  dir.c_str());
     return 1;
   }

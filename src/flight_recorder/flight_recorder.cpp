@@ -366,12 +366,17 @@ std::string json_of(Registry& r, const std::string& reason) {
 std::string dump_with(Registry& r, const std::string& reason) {
   try {
     int rank = -1;
+    bool any_live = false;
     {
       std::lock_guard<std::mutex> lock(r.mutex);
       rank = r.rank;
+      any_live = std::any_of(r.recorders.begin(), r.recorders.end(),
+                             [](const std::weak_ptr<FlightRecorder>& w) { return !w.expired(); });
     }
-    if (rank < 0) {
-      return ""; // no group has recorded anything
+    if (rank < 0 || !any_live) {
+      // No group has recorded anything, or every group is gone (a SIGUSR1
+      // while the program exits): the last dump, if any, stays as it was.
+      return "";
     }
     const std::string text = json_of(r, reason);
     const std::string dir = dump_directory();

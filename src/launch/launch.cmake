@@ -5,8 +5,11 @@ add_library(ddprun_objects OBJECT
   src/launch/options.cpp
   src/launch/output.cpp
   src/launch/supervisor.cpp
+  src/launch/child_process.cpp
+  src/launch/teardown_dumps.cpp
   src/flight_recorder/analyzer.cpp
-  src/flight_recorder/json.cpp)
+  src/flight_recorder/json.cpp
+  src/flight_recorder/pytorch_dump.cpp)
 target_include_directories(ddprun_objects PUBLIC ${PROJECT_SOURCE_DIR}/src)
 target_compile_options(ddprun_objects PRIVATE -Wall -Wextra)
 

@@ -14,9 +14,12 @@
 //
 // The stop: the first rank that fails (exits non-zero or dies by a signal),
 // or the first stop signal ddprun receives (SIGINT, SIGTERM, SIGHUP, SIGQUIT),
-// sends a signal to the process group of every rank still running, and of
-// the failed rank (SIGTERM after a failure, the received signal otherwise),
-// and sets the kill deadline to now + the grace period. At the deadline, every stopped group that still
+// first asks the running ranks for their flight recorder dumps and gives them
+// kDumpWindow to write them (Note [Dumps at teardown] in teardown_dumps.cpp),
+// then sends a signal to the process group of every rank still running, and
+// of the failed rank (SIGTERM after a failure, the received signal
+// otherwise), then SIGCONT (a stopped group handles the signal only once
+// continued), and sets the kill deadline to now + the grace period. At the deadline, every stopped group that still
 // has processes gets SIGKILL. A second stop signal during a stop kills at once.
 // The ranks that exit during a stop are expected casualties and are not
 // reported.
@@ -69,7 +72,9 @@
 #include <utility>
 #include <vector>
 
+#include "launch/child_process.h"
 #include "launch/output.h"
+#include "launch/teardown_dumps.h"
 #include "launch/unique_fd.h"
 
 extern char** environ; // POSIX declares it in no header.
@@ -92,194 +97,6 @@ constexpr milliseconds kRestartWaitTimeout{5000};
 // The loop wakes at least this often, whatever it waits for.
 constexpr milliseconds kMaxPollWait{500};
 constexpr size_t kReadChunkBytes = 64 * 1024;
-
-// SIGTERM is always handled: it is how schedulers (Slurm, Kubernetes) ask a
-// job to stop. The others are left ignored when ddprun starts with them
-// ignored, as shells do: nohup ignores SIGHUP, and a background job in a
-// script ignores SIGINT and SIGQUIT.
-constexpr int kStopSignals[] = {SIGTERM, SIGINT, SIGHUP, SIGQUIT};
-
-// The write end of the self-pipe while a SignalRouter exists, else -1.
-volatile sig_atomic_t g_wake_fd = -1;
-
-void on_signal(int signal_number) {
-  const int saved_errno = errno;
-  const auto byte = static_cast<unsigned char>(signal_number);
-  // When the pipe is full, bytes are already waiting to wake the loop.
-  [[maybe_unused]] ssize_t ignored = ::write(g_wake_fd, &byte, 1);
-  errno = saved_errno;
-}
-
-void set_nonblocking(const UniqueFd& fd) {
-  ::fcntl(fd.get(), F_SETFL, ::fcntl(fd.get(), F_GETFL) | O_NONBLOCK);
-}
-
-// A pipe, {read end, write end}, both closed on exec. ddprun has one thread,
-// so no fork can come between pipe() and fcntl() (pipe2 would be Linux-only).
-std::pair<UniqueFd, UniqueFd> make_pipe() {
-  int fds[2];
-  if (::pipe(fds) != 0) {
-    throw std::runtime_error(std::string("cannot create a pipe: ") + std::strerror(errno));
-  }
-  for (int fd : fds) {
-    ::fcntl(fd, F_SETFD, ::fcntl(fd, F_GETFD) | FD_CLOEXEC);
-  }
-  return {UniqueFd(fds[0]), UniqueFd(fds[1])};
-}
-
-// Routes SIGCHLD and the stop signals into a self-pipe for its lifetime, and
-// ignores SIGPIPE (a reader of ddprun's output going away must not kill it).
-// Restores the dispositions it found when destroyed.
-// Thread-safety: one per process, created and destroyed on the main thread.
-class SignalRouter {
- public:
-  SignalRouter() {
-    auto [read_end, write_end] = make_pipe();
-    read_ = std::move(read_end);
-    write_ = std::move(write_end);
-    set_nonblocking(read_);
-    set_nonblocking(write_); // a signal handler must never block
-    g_wake_fd = write_.get();
-
-    sigemptyset(&routed_);
-    struct sigaction action {};
-    action.sa_handler = on_signal;
-    sigemptyset(&action.sa_mask);
-    action.sa_flags = SA_RESTART;
-    for (int signal_number : kStopSignals) {
-      struct sigaction previous {};
-      ::sigaction(signal_number, nullptr, &previous);
-      if (signal_number != SIGTERM && previous.sa_handler == SIG_IGN) {
-        continue;
-      }
-      replace(signal_number, action);
-    }
-    action.sa_flags = SA_RESTART | SA_NOCLDSTOP;
-    replace(SIGCHLD, action);
-    struct sigaction ignore {};
-    ignore.sa_handler = SIG_IGN;
-    sigemptyset(&ignore.sa_mask);
-    replace(SIGPIPE, ignore);
-  }
-
-  SignalRouter(const SignalRouter&) = delete;
-  SignalRouter& operator=(const SignalRouter&) = delete;
-
-  ~SignalRouter() {
-    restore_dispositions();
-    g_wake_fd = -1;
-  }
-
-  // The descriptor to poll for readability.
-  int fd() const { return read_.get(); }
-
-  // The signals that arrived since the last call, oldest first.
-  std::vector<int> take() {
-    std::vector<int> received;
-    unsigned char bytes[64];
-    ssize_t n;
-    while ((n = ::read(read_.get(), bytes, sizeof(bytes))) > 0 || (n < 0 && errno == EINTR)) {
-      received.insert(received.end(), bytes, bytes + std::max<ssize_t>(n, 0));
-    }
-    return received;
-  }
-
-  // The signals routed here; they are blocked around fork so that none is
-  // handled by a child before it restores the dispositions.
-  const sigset_t& routed() const { return routed_; }
-
-  // Puts back the dispositions ddprun started with. Async-signal-safe: the
-  // forked child calls it before exec, so that the rank sees the signals as
-  // ddprun's parent set them (an ignored SIGPIPE stays ignored, a default
-  // SIGPIPE is not turned into an ignored one).
-  void restore_dispositions() const {
-    for (const Saved& saved : saved_) {
-      ::sigaction(saved.signal_number, &saved.action, nullptr);
-    }
-  }
-
- private:
-  struct Saved {
-    int signal_number;
-    struct sigaction action;
-  };
-
-  void replace(int signal_number, const struct sigaction& action) {
-    Saved saved{signal_number, {}};
-    ::sigaction(signal_number, &action, &saved.action);
-    saved_.push_back(saved);
-    if (action.sa_handler == on_signal) {
-      sigaddset(&routed_, signal_number);
-    }
-  }
-
-  UniqueFd read_;
-  UniqueFd write_;
-  std::vector<Saved> saved_;
-  sigset_t routed_;
-};
-
-// What the forked child needs, all prepared before fork so that the child
-// allocates nothing. The pointers point into the parent's copy of the
-// Supervisor's locals, which the child's copy of memory keeps alive.
-struct ChildSetup {
-  pid_t parent;
-  int stdin_fd;
-  int stdout_fd;
-  int stderr_fd;
-  char* const* argv;
-  char** envp;
-  const SignalRouter* signals;
-};
-
-void write_string(int fd, const char* text) {
-  size_t length = std::strlen(text);
-  while (length > 0) {
-    ssize_t n = ::write(fd, text, length);
-    if (n < 0 && errno == EINTR) {
-      continue;
-    }
-    if (n <= 0) {
-      return;
-    }
-    text += n;
-    length -= static_cast<size_t>(n);
-  }
-}
-
-// Runs in the forked child. Between fork and exec it calls only
-// async-signal-safe functions, except strerror after a failed exec, which is
-// safe here because ddprun has one thread: no lock can be held across fork.
-[[noreturn]] void exec_child(const ChildSetup& setup) {
-  ::setpgid(0, 0); // See Note [Process groups].
-#ifdef __linux__
-  // If ddprun itself is killed (SIGKILL, OOM killer), its ranks die too rather
-  // than hold GPUs and ports. The check closes the race with a ddprun that
-  // died before prctl.
-  ::prctl(PR_SET_PDEATHSIG, SIGKILL);
-  if (::getppid() != setup.parent) {
-    ::_exit(127);
-  }
-#endif
-  if (::dup2(setup.stdin_fd, STDIN_FILENO) < 0 || ::dup2(setup.stdout_fd, STDOUT_FILENO) < 0 ||
-      ::dup2(setup.stderr_fd, STDERR_FILENO) < 0) {
-    ::_exit(127);
-  }
-  setup.signals->restore_dispositions();
-  sigset_t none;
-  sigemptyset(&none);
-  ::sigprocmask(SIG_SETMASK, &none, nullptr);
-
-  environ = setup.envp;
-  ::execvp(setup.argv[0], setup.argv);
-  const int error = errno;
-  write_string(STDERR_FILENO, "ddprun: cannot run '");
-  write_string(STDERR_FILENO, setup.argv[0]);
-  write_string(STDERR_FILENO, "': ");
-  write_string(STDERR_FILENO, std::strerror(error));
-  write_string(STDERR_FILENO, "\n");
-  ::_exit(127);
-}
 
 std::string format_seconds(milliseconds duration) {
   std::ostringstream out;
@@ -312,6 +129,7 @@ struct Rank {
 
 enum class Phase {
   kRunning, // no rank has failed, no stop signal has come
+  kDumping, // the ranks were asked for their dumps; the stop signal at dump_deadline_
   kStopping, // the stop signal was sent; SIGKILL at kill_deadline_
   kKilled, // SIGKILL was sent; waiting for the ranks to be reaped
 };
@@ -344,6 +162,9 @@ class Supervisor {
       handle_signals();
       reap();
       const Clock::time_point now = Clock::now();
+      if (phase_ == Phase::kDumping && (now >= dump_deadline_ || running_count() == 0)) {
+        send_stop();
+      }
       if (phase_ == Phase::kStopping && now >= kill_deadline_) {
         report_survivors();
         kill_all();
@@ -520,7 +341,7 @@ class Supervisor {
                                    format_seconds(options_.grace_period)
                              : "no rank is running"));
         begin_stop(signal_number, nullptr);
-      } else if (phase_ == Phase::kStopping) {
+      } else if (phase_ == Phase::kDumping || phase_ == Phase::kStopping) {
         message("received " + name + " again; sending SIGKILL to the ranks");
         kill_all();
       }
@@ -581,16 +402,38 @@ class Supervisor {
     begin_stop(SIGTERM, &rank);
   }
 
-  // Sends `signal_number` to the groups of the running ranks and of `failed`
-  // (whose children may outlive it), and starts the grace period.
+  // Stops the running ranks and `failed` (whose children may outlive it):
+  // asks the running ranks for their dumps first, when any can write one.
   void begin_stop(int signal_number, const Rank* failed) {
-    phase_ = Phase::kStopping;
     stop_signal_ = signal_number;
-    kill_deadline_ = Clock::now() + options_.grace_period;
+    std::string asked;
     for (Rank& rank : ranks_) {
       if (rank.running || &rank == failed) {
         rank.in_stop = true;
-        ::kill(-rank.pid, signal_number); // See Note [Process groups].
+      }
+      if (rank.running && ask_for_dump(rank.pid)) {
+        asked += (asked.empty() ? "" : ", ") + std::to_string(rank.rank);
+      }
+    }
+    if (asked.empty()) {
+      send_stop();
+      return;
+    }
+    message("asked rank(s) " + asked + " for their flight recorder dumps (SIGUSR1; `ddprun --analyze " +
+            dump_directory() + "` reads them); stopping in " + format_seconds(kDumpWindow));
+    phase_ = Phase::kDumping;
+    dump_deadline_ = Clock::now() + kDumpWindow;
+  }
+
+  // Sends the stop signal to the groups of the ranks in the stop, SIGCONT
+  // after it to a group that is stopped, and starts the grace period.
+  void send_stop() {
+    phase_ = Phase::kStopping;
+    kill_deadline_ = Clock::now() + options_.grace_period;
+    for (Rank& rank : ranks_) {
+      if (rank.in_stop) {
+        ::kill(-rank.pid, stop_signal_); // See Note [Process groups].
+        ::kill(-rank.pid, SIGCONT); // a stopped group handles the signal only once continued
       }
     }
   }
@@ -647,6 +490,9 @@ class Supervisor {
 
   void poll_and_read(Clock::time_point now) {
     Clock::time_point wake = now + kMaxPollWait;
+    if (phase_ == Phase::kDumping) {
+      wake = std::min(wake, dump_deadline_);
+    }
     if (phase_ == Phase::kStopping) {
       wake = std::min(wake, kill_deadline_);
       if (running_count() == 0) {
@@ -722,6 +568,7 @@ class Supervisor {
   bool stop_requested_ = false; // ddprun received a stop signal
   int stop_signal_ = SIGTERM;
   Clock::time_point kill_deadline_;
+  Clock::time_point dump_deadline_;
   std::optional<Clock::time_point> drain_deadline_;
 };
 

@@ -14,6 +14,20 @@
 #   bad-size      DDP_FLIGHT_RECORDER_SIZE=lots: every rank's group refused,
 #                 the error naming the rank and the variable;
 #   empty         a directory with no dump: ddprun --analyze says so, exit 1.
+# Two ranks under ddprun, which asks the running ranks for their dumps
+# before it stops them (Note [Dumps at teardown]):
+#   teardown      rank 1 skips #5, rank 0 times out (3 s) and fails: ddprun
+#                 asks rank 1 for its dump; the verdict names both;
+#   sigstop       the same, with rank 1 SIGSTOPped while it idles: ddprun
+#                 continues it to get its dump;
+#   sigkill       rank 1 is SIGKILLed while rank 0 waits in #5 (30 s):
+#                 rank 0 dumps (asked by ddprun, or failing on the lost
+#                 peer), rank 1 has none; the verdict names rank 1 (no
+#                 dump) and rank 0 (in #5).
+# PyTorch's own flight recorder dumps, in its JSON form (made by
+# pytorch_dumps/make_dumps.py with PyTorch 2.11 on Gloo; its file names):
+#   pytorch-skip  rank 1 never called all_reduce #6, rank 0 waits in it;
+#   pytorch-size  the ranks called #6 with 4 and 8 floats: the mismatch.
 # With an mpirun, the same program on MPI (DDP_BACKEND=mpi, 2 ranks):
 #   mpi-skip      rank 1 skips allreduce #5; SIGUSR1 to mpirun, which passes
 #                 it to the ranks: rank 1 never called it, rank 0 waits in it;
@@ -67,7 +81,7 @@ analyze() {
 
 # skip-signal
 run skip-signal skip 30
-until_line "$dir/1.log" '^flight_recorder: rank 1 idle$'
+until_line "$dir/1.log" '^flight_recorder: rank 1 idle'
 sleep 1 # rank 0 is in allreduce #5 by now
 kill -USR1 $p0 $p1
 until_line "$dir/fr/rank_0.json" '\]\}$'; until_line "$dir/fr/rank_1.json" '\]\}$'
@@ -78,7 +92,7 @@ check skip-signal verdict skip-signal \
 
 # skip-timeout
 run skip-timeout skip 3
-until_line "$dir/1.log" '^flight_recorder: rank 1 idle$'
+until_line "$dir/1.log" '^flight_recorder: rank 1 idle'
 wait $p0; rc0=$?
 kill -USR1 $p1
 until_line "$dir/fr/rank_1.json" '\]\}$'
@@ -114,6 +128,67 @@ dir=$work/empty; mkdir -p "$dir/fr"
 analyze empty; rc=$?
 check empty test $rc = 1 -a "$(grep -c 'no flight recorder dump in' "$dir/analysis.txt")" = 1
 
+# launched <case> <mode> <timeout>: both ranks under ddprun, in the
+# background; sets $pl and $dir.
+launched() {
+  dir=$work/$1
+  mkdir -p "$dir/fr"
+  DDP_FLIGHT_RECORDER_DIR=$dir/fr OMP_NUM_THREADS=1 "$ddprun" --nproc-per-node 2 "$program" "$2" "$3" \
+    >"$dir/ddprun.log" 2>&1 &
+  pl=$!
+}
+# The pid that rank 1 printed in its idle line.
+idle_pid() {
+  sed -nE 's/^\[rank 1\]: flight_recorder: rank 1 idle \(pid ([0-9]+)\)$/\1/p' "$dir/ddprun.log"
+}
+asked() { # <ranks>: ddprun said it asked them for their dumps
+  grep -qE "^ddprun: asked rank\(s\) $1 for their flight recorder dumps \(SIGUSR1; .ddprun --analyze $dir/fr. reads them\); stopping in 0.5 s$" "$dir/ddprun.log"
+}
+
+# teardown
+launched teardown skip 3
+wait $pl; rc=$?
+analyze teardown
+check teardown test $rc = 3 -a -s "$dir/fr/rank_1.json"
+check teardown-asked asked 1
+check teardown-verdict verdict teardown \
+  '^group default \(gloo, 2 ranks\), allreduce #5: rank 1 never called it \(its last was allreduce #4\); rank 0 failed in it: \[rank 0/2\] allreduce #5.*timed out'
+
+# sigstop
+launched sigstop skip 4
+until_line "$dir/ddprun.log" '^\[rank 1\]: flight_recorder: rank 1 idle'
+kill -STOP "$(idle_pid)"
+wait $pl; rc=$?
+analyze sigstop
+check sigstop test $rc = 3 -a -s "$dir/fr/rank_1.json"
+check sigstop-verdict verdict sigstop \
+  '^group default \(gloo, 2 ranks\), allreduce #5: rank 1 never called it \(its last was allreduce #4\); rank 0 failed in it: \[rank 0/2\] allreduce #5.*timed out'
+
+# sigkill
+launched sigkill skip 30
+until_line "$dir/ddprun.log" '^\[rank 1\]: flight_recorder: rank 1 idle'
+sleep 1 # rank 0 is in allreduce #5 by now
+kill -KILL "$(idle_pid)"
+wait $pl; rc=$?
+analyze sigkill
+# Rank 0 either still waits when ddprun asks it for its dump (ddprun exits
+# 137, rank 1's death), or has already failed on the lost connection and
+# dumped on its own (exit 3).
+check sigkill test \( $rc = 137 -o $rc = 3 \) -a -s "$dir/fr/rank_0.json" -a ! -e "$dir/fr/rank_1.json"
+check sigkill-verdict verdict sigkill \
+  '^group default \(gloo, 2 ranks\), allreduce #5: rank 1 left no dump \(killed, or its flight recorder off\); rank 0 (waits in it since [0-9]+\.[0-9] s|failed in it: .*)$'
+
+# PyTorch's dumps
+fixtures=$(cd "$(dirname "$0")" && pwd)/pytorch_dumps
+dir=$work/pytorch-skip; mkdir -p "$dir"; cp -r "$fixtures/skip" "$dir/fr"
+analyze pytorch-skip
+check pytorch-skip verdict pytorch-skip \
+  '^group default \(gloo, 2 ranks\), all_reduce #6: rank 1 never called it \(its last was all_reduce #5\); rank 0 issued it and waits for it$'
+dir=$work/pytorch-size; mkdir -p "$dir"; cp -r "$fixtures/size" "$dir/fr"
+analyze pytorch-size
+check pytorch-size verdict pytorch-size \
+  '^  mismatch at #6: rank 0 called all_reduce Float\[4\], rank 1 called all_reduce Float\[8\]$'
+
 if [[ -n $mpirun ]]; then
   # mpi_run <case> <mode> <timeout>: both ranks under mpirun, in the
   # background; sets $pm and $dir.
@@ -126,7 +201,7 @@ if [[ -n $mpirun ]]; then
     pm=$!
   }
   mpi_run mpi-skip skip 30
-  until_line "$dir/mpirun.log" '^flight_recorder: rank 1 idle$'
+  until_line "$dir/mpirun.log" '^flight_recorder: rank 1 idle'
   sleep 1
   kill -USR1 $pm
   until_line "$dir/fr/rank_0.json" '\]\}$'; until_line "$dir/fr/rank_1.json" '\]\}$'

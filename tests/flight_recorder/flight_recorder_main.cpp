@@ -6,7 +6,8 @@
 // Usage: flight_recorder_main <mode> <timeout seconds>
 //   Every rank runs allreduce #0 .. #4 of 4 floats, then:
 //   skip  rank 1 skips allreduce #5: it prints "flight_recorder: rank 1
-//         idle" and sleeps until it is killed; rank 0 calls #5 and waits
+//         idle (pid P)" and sleeps until it is killed; rank 0 calls #5 and
+//         waits
 //   size  rank 1 calls allreduce #5 with 8 floats, rank 0 with 4
 //   ok    every rank calls #5 alike, then writes its dump with
 //         ddp::dump_flight_recorder("done")
@@ -43,7 +44,7 @@ int main(int argc, char** argv) {
       group->allreduce(torch::ones({4}))->wait();
     }
     if (mode == "skip" && rank == 1) {
-      std::printf("flight_recorder: rank 1 idle\n");
+      std::printf("flight_recorder: rank 1 idle (pid %d)\n", static_cast<int>(::getpid()));
       std::fflush(stdout);
       for (;;) {
         std::this_thread::sleep_for(std::chrono::seconds(1));

@@ -509,6 +509,48 @@ TEST(DdprunTest, FailingRankStopsTheOthers) {
   expect_gone(pids);
 }
 
+// Note [Dumps at teardown]: a rank that catches SIGUSR1 (as ddp's flight
+// recorder does) is sent it, and given half a second, before SIGTERM.
+TEST(DdprunTest, AsksRanksThatCatchSigusr1ForTheirDumpsBeforeStoppingThem) {
+  TempDir dir;
+  // sh runs a trap once the foreground command ends: short sleeps.
+  const std::string script = "if [ \"$RANK\" = 1 ]; then " + wait_for_file(dir, "pid.0") +
+      "exit 3; fi; trap 'echo dump-asked' USR1; trap 'echo terminated; exit 0' TERM; " +
+      write_pid_file(dir, "pid.0") + "while :; do sleep 0.05; done";
+  Outcome outcome = run_ddprun({"--nproc-per-node", "2", "/bin/sh", "-c", script},
+                               {{"DDP_FLIGHT_RECORDER_DIR", dir.path()}});
+  EXPECT_EQ(outcome.exit_code, 3) << describe(outcome);
+  EXPECT_TRUE(contains(outcome.err, "ddprun: asked rank(s) 0 for their flight recorder dumps (SIGUSR1; "
+                                    "`ddprun --analyze " + dir.path() + "` reads them); stopping in 0.5 s\n"))
+      << describe(outcome);
+  const auto asked = outcome.out.find("[rank 0]: dump-asked\n");
+  const auto terminated = outcome.out.find("[rank 0]: terminated\n");
+  EXPECT_NE(asked, std::string::npos) << describe(outcome);
+  EXPECT_NE(terminated, std::string::npos) << describe(outcome);
+  EXPECT_LT(asked, terminated) << describe(outcome);
+}
+
+// A rank that does not catch SIGUSR1 is not sent it: it would die of it.
+TEST(DdprunTest, DoesNotSendSigusr1ToARankThatDoesNotCatchIt) {
+  Outcome outcome = run_ddprun({"--nproc-per-node", "2", "/bin/sh", "-c",
+                                "if [ \"$RANK\" = 1 ]; then sleep 0.2; exit 3; fi; exec sleep 60"});
+  EXPECT_EQ(outcome.exit_code, 3) << describe(outcome);
+  EXPECT_FALSE(contains(outcome.err, "flight recorder dumps")) << describe(outcome);
+}
+
+// A stopped rank (SIGSTOP) is continued after the stop signal, so that it
+// ends then rather than at SIGKILL after the grace period.
+TEST(DdprunTest, ContinuesAStoppedRankSoThatItStops) {
+  TempDir dir;
+  const std::string script = "if [ \"$RANK\" = 1 ]; then " + wait_for_file(dir, "pid.0") +
+      "sleep 0.2; exit 3; fi; " + write_pid_file(dir, "pid.0") + "kill -STOP $$; exec sleep 60";
+  Outcome outcome =
+      run_ddprun({"--nproc-per-node", "2", "--grace-period", "30", "/bin/sh", "-c", script});
+  EXPECT_EQ(outcome.exit_code, 3) << describe(outcome);
+  EXPECT_LT(outcome.elapsed, kPromptly) << describe(outcome);
+  EXPECT_FALSE(contains(outcome.err, "sending SIGKILL")) << describe(outcome);
+}
+
 TEST(DdprunTest, NamesTheSignalThatKilledARank) {
   Outcome outcome = run_ddprun({"--nproc-per-node", "2", "/bin/sh", "-c",
                                 "if [ \"$RANK\" = 1 ]; then kill -9 $$; fi; exec sleep 60"});

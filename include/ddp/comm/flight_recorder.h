@@ -13,7 +13,8 @@ namespace ddp {
 
 /// Writes this process's flight recorder dump now, with `reason` in it;
 /// returns the file's path, or an empty string when the recorder is off, no
-/// group exists yet, or the file could not be written (a warning says why).
+/// group exists (yet, or any more: the last dump then stays as it was), or
+/// the file could not be written (a warning says why).
 /// Never throws.
 std::string dump_flight_recorder(const std::string& reason = "requested");
 
