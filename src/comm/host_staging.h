@@ -68,12 +68,10 @@ class HostStaging {
   // The host tensor to hand to the backend in place of `tensor`; `tensor` itself
   // when it is on the CPU.
   at::Tensor in(const at::Tensor& tensor) {
-    if (!tensor.is_cuda()) {
-      return tensor;
+    auto host = read(tensor);
+    if (tensor.is_cuda()) {
+      pairs_.emplace_back(tensor, host);
     }
-    auto host = at::empty(tensor.sizes(), tensor.options().device(at::kCPU).pinned_memory(true));
-    host.copy_(tensor);
-    pairs_.emplace_back(tensor, host);
     return host;
   }
 
