@@ -130,6 +130,12 @@ nvidia_libs=$(printf '%s:' "$site"/nvidia/*/lib)
 link_args=("-DCMAKE_EXE_LINKER_FLAGS=-Wl,-rpath-link,${nvidia_libs%:}"
            "-DCMAKE_SHARED_LINKER_FLAGS=-Wl,-rpath-link,${nvidia_libs%:}")
 
+# Through ccache when it is there (scripts/setup.sh installs it): cpu then
+# takes from cuda's objects all but the NCCL backend's (CMakeLists.txt,
+# "Compiler cache").
+ccache_args=()
+command -v ccache >/dev/null 2>&1 && ccache_args=(-DDDP_CCACHE=ON)
+
 declare -A summary
 failed=0
 for config in "${configs[@]}"; do
@@ -148,7 +154,7 @@ for config in "${configs[@]}"; do
       -DDDP_GLOO_SOURCE_DIR="$gloo_src" -DTORCH_CUDA_ARCH_LIST=9.0 \
       -DDDP_TEST_PYTHON="$venv/bin/python" \
       -DDDP_BUILD_TESTS=ON -DDDP_BUILD_EXAMPLES=ON -DDDP_BUILD_BENCHMARKS=ON \
-      "${cuda_args[@]}" "${link_args[@]}" > "$build.configure.log" 2>&1; then
+      "${cuda_args[@]}" "${link_args[@]}" "${ccache_args[@]}" > "$build.configure.log" 2>&1; then
     cat "$build.configure.log"
     summary[$config]="configure FAILED"
     failed=1

@@ -7,8 +7,8 @@
 #
 #   address  ASan + UBSan (-fsanitize=address,undefined, no recovery):
 #            build-asan/: libddp, ddprun and the examples instrumented, the
-#            tests' own code compiled without it and linked with the runtime
-#            (tests/CMakeLists.txt says why). The whole CTest suite runs but
+#            tests' own code compiled without it, as in build/, and linked
+#            with the runtime (tests/CMakeLists.txt says why). The whole CTest suite runs but
 #            nccl_backend_compiles, a compile check of the NCCL sources that
 #            runs no code (scripts/test.sh has run it). The install test's
 #            consumer links the installed, instrumented libddp with the same
@@ -52,11 +52,14 @@ for kind in "${kinds[@]}"; do
     targets=$TSAN_TARGETS
   fi
   echo "sanitize.sh: [$kind] building $build"
-  # -O1 with line tables (DDP_SANITIZE_OPT_FLAGS in CMakeLists.txt): readable
-  # reports, tests fast enough, half the build time of -O2 -g.
+  # Release, as scripts/test.sh's build: the instrumented code then gets
+  # -O1 with line tables after it (DDP_SANITIZE_OPT_FLAGS in CMakeLists.txt:
+  # readable reports, tests fast enough, half the build time of -O2 -g), and
+  # under ASan the tests' own code compiles exactly as in build/, whose
+  # objects the compiler cache then reuses (tests/CMakeLists.txt).
   # The benchmarks are left out (their smoke tests check output formats).
   if ! DDP_BUILD_DIR=$build DDP_BUILD_TARGETS=$targets \
-      DDP_CMAKE_ARGS="-DDDP_SANITIZE=$kind -DCMAKE_BUILD_TYPE=RelWithDebInfo -DDDP_BUILD_BENCHMARKS=OFF" \
+      DDP_CMAKE_ARGS="-DDDP_SANITIZE=$kind -DCMAKE_BUILD_TYPE=Release -DDDP_BUILD_BENCHMARKS=OFF" \
       bash scripts/setup.sh "$build"; then
     summary[$kind]="build FAILED"
     failed=1

@@ -7,7 +7,8 @@
 #      through sudo when not root), and checks that Debian's LibTorch then
 #      computes with OpenBLAS, not the reference BLAS (see "BLAS" below).
 #   2. Configures the build in <build-dir> (default: build, or $DDP_BUILD_DIR):
-#      CMake, Ninja, Release, with tests, examples and benchmarks. Extra CMake
+#      CMake, Ninja, Release, with tests, examples and benchmarks, through
+#      ccache (DDP_CCACHE). Extra CMake
 #      arguments may be given in $DDP_CMAKE_ARGS; they come last, so that
 #      e.g. DDP_CMAKE_ARGS="-DDDP_BUILD_BENCHMARKS=OFF" wins.
 #   3. Builds with ninja -j<jobs> (default: the number of CPUs, fewer when
@@ -27,8 +28,11 @@ set -euo pipefail
 # mpirun that its tests and benchmarks start jobs with.
 # libopenblas0-openmp: see "BLAS" below. libblas3 is the reference BLAS
 # itself: the test that checks ddp's warning about it loads it on purpose.
+# ccache: the build compiles through it (DDP_CCACHE in CMakeLists.txt), so
+# that another build tree of the same clone (the sanitizers') reuses this
+# one's objects.
 readonly packages=(libtorch-dev libgloo-dev libgtest-dev cmake ninja-build g++ python3-torch
-                   libopenmpi-dev openmpi-bin libopenblas0-openmp libblas3)
+                   libopenmpi-dev openmpi-bin libopenblas0-openmp libblas3 ccache)
 # What the README's first command builds and runs (the rest is test.sh's).
 readonly default_targets="ddp ddprun allreduce_example toy_model mnist_train"
 
@@ -152,6 +156,7 @@ extra_args=(${DDP_CMAKE_ARGS:-})
 say "configuring $build_dir (Release, Ninja, with tests, examples, benchmarks and the MPI backend)"
 run cmake -S . -B "$build_dir" -G Ninja -DCMAKE_BUILD_TYPE=Release \
   -DDDP_BUILD_TESTS=ON -DDDP_BUILD_EXAMPLES=ON -DDDP_BUILD_BENCHMARKS=ON -DDDP_WITH_MPI=ON \
+  -DDDP_CCACHE=ON \
   "${extra_args[@]}"
 
 # ---- 3. Build -------------------------------------------------------------------

@@ -1,0 +1,1 @@
+// Anchor for the benchmarks' shared precompiled header (bench/CMakeLists.txt).
