@@ -53,6 +53,8 @@ const char* usage() {
          "  --stop-after-epoch N   exit right after saving epoch N's checkpoint\n"
          "  --comm-hook NAME       gradient reduction: allreduce, fp16, bf16 or powersgd\n"
          "                         (default allreduce)\n"
+         "  --bucket-cap-mb X      DDP's gradient bucket size in MiB (default 25; small\n"
+         "                         values give several buckets to overlap with backward)\n"
          "  --powersgd-rank N      PowerSGD's matrix approximation rank (default 1)\n"
          "  --powersgd-start-iter N  plain steps before PowerSGD compresses (default 10,\n"
          "                         at least 2)\n"
@@ -92,6 +94,8 @@ Flags parse_flags(int argc, char** argv) {
          }
          flags.optimizer_sharding = v;
        }},
+      {"--bucket-cap-mb",
+       [&](auto& f, auto& v) { flags.bucket_cap_mb = parse_double(f, v, 1e-6, 1e6, "> 0"); }},
       {"--powersgd-rank", [&](auto& f, auto& v) { flags.powersgd_rank = parse_int(f, v, 1); }},
       {"--powersgd-start-iter",
        [&](auto& f, auto& v) { flags.powersgd_start_iter = parse_int(f, v, 2); }},

@@ -42,6 +42,9 @@ struct Flags {
   /// How DDP reduces the gradients: "allreduce" (the default hook), "fp16",
   /// "bf16" (compressed to 16 bits) or "powersgd" (PowerSGD).
   std::string comm_hook = "allreduce";
+  /// DDP's bucket size in MiB (bucket_cap_mb; the first bucket gets
+  /// min(1, this), PyTorch's 1 MiB first bucket when larger).
+  double bucket_cap_mb = 25.0;
   /// PowerSGD's matrix_approximation_rank.
   int64_t powersgd_rank = 1;
   /// PowerSGD's start_powerSGD_iter: plain steps before compression starts.

@@ -445,7 +445,9 @@ int train(const Flags& flags, const ddp::WorldInfo& world, torch::Device device,
   torch::manual_seed(flags.seed);
   mnist::ConvNet net;
   net->to(device);
-  auto ddp_options = ddp::DistributedDataParallelOptions();
+  auto ddp_options = ddp::DistributedDataParallelOptions()
+                         .bucket_cap_mb(flags.bucket_cap_mb)
+                         .first_bucket_cap_mb(std::min(1.0, flags.bucket_cap_mb));
   if (device.is_cuda()) {
     ddp_options.device_ids({device});
   }
@@ -549,7 +551,12 @@ int train(const Flags& flags, const ddp::WorldInfo& world, torch::Device device,
       optimizer.zero_grad();
       auto loss = torch::nn::functional::cross_entropy(model(x), y);
       loss.backward(); // averages the gradients across ranks
-      optimizer.step();
+      {
+        // A span on the timeline's optimizer track (ddprun --trace DIR);
+        // nothing when the timeline is off.
+        ddp::TimelineScope traced("optimizer step", "optimizer");
+        optimizer.step();
+      }
 
       const int64_t n = x.size(0);
       loss_sum += loss.detach().to(torch::kDouble) * static_cast<double>(n);

@@ -28,3 +28,4 @@
 #include <ddp/nn/powersgd_hook.h>
 #include <ddp/nn/sync_batch_norm.h>
 #include <ddp/optim/zero_redundancy_optimizer.h>
+#include <ddp/timeline.h>

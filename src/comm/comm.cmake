@@ -3,7 +3,8 @@
 # init_process_group. Each backend is a part of its own in its folder. The
 # flight recorder (its own folder, src/flight_recorder/) is compiled into
 # this part: every backend and Work::wait record into it, so a test that
-# links the core links it too. Its analyzer and JSON reader are ddprun's
+# links the core links it too. So is the timeline (src/timeline/), which the
+# recorder and Work::wait feed. Its analyzer and JSON reader are ddprun's
 # (src/launch/launch.cmake).
 ddp_add_part(ddp_comm
   src/comm/types.cpp
@@ -18,7 +19,8 @@ ddp_add_part(ddp_comm
   src/comm/reduce_kernels.cpp
   src/comm/init.cpp
   src/comm/subgroups.cpp
-  src/flight_recorder/flight_recorder.cpp)
+  src/flight_recorder/flight_recorder.cpp
+  src/timeline/timeline.cpp)
 
 # The backends' parts reuse this precompiled <ATen/ATen.h> (set in their
 # files): compiling one costs ~22 s of CPU, and the README's first command

@@ -4,6 +4,7 @@
 
 #include "flight_recorder/flight_recorder.h"
 #include "internal/check.h"
+#include "timeline/timeline.h"
 
 namespace ddp {
 
@@ -45,6 +46,9 @@ void Work::wait(std::chrono::milliseconds timeout) {
     timeout = default_timeout_;
   }
   std::unique_lock<std::mutex> lock(mutex_);
+  // A wait that blocks is on the timeline's "waits" track (Note [Timeline]).
+  internal::Timeline* timeline = completed_ ? nullptr : internal::Timeline::get();
+  const int64_t blocked_at_us = timeline != nullptr ? internal::Timeline::now_us() : 0;
   if (!completed_cv_.wait_for(lock, timeout, [this] { return completed_; })) {
     lock.unlock();
     const std::string message = c10::str(
@@ -53,6 +57,12 @@ void Work::wait(std::chrono::milliseconds timeout) {
         "dead, or ranks issued collectives in different orders)");
     internal::dump_flight_recorders(message); // Note [Flight recorder]
     throw TimeoutError(message);
+  }
+  if (timeline != nullptr) {
+    lock.unlock();
+    timeline->complete(internal::Timeline::kWaitTrack, "wait: " + name_, blocked_at_us,
+                       internal::Timeline::now_us());
+    lock.lock();
   }
   if (error_) {
     std::rethrow_exception(error_);

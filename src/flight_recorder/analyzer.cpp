@@ -4,8 +4,6 @@
 
 #include <algorithm>
 #include <cstdint>
-#include <fstream>
-#include <iterator>
 #include <map>
 #include <set>
 #include <sstream>
@@ -14,6 +12,7 @@
 
 #include "flight_recorder/dump_view.h"
 #include "flight_recorder/json.h"
+#include "internal/text_files.h"
 
 namespace ddp::flight_recorder {
 
@@ -42,15 +41,7 @@ std::string seconds(int64_t us) {
 // Reads one dump, written by global rank `rank` (from its file name), into
 // `groups`; throws std::runtime_error saying what is wrong.
 void read_dump(const std::string& path, int rank, std::map<std::string, GroupView>& groups) {
-  std::ifstream file(path, std::ios::binary);
-  if (!file) {
-    throw std::runtime_error("cannot open it");
-  }
-  std::string text((std::istreambuf_iterator<char>(file)), std::istreambuf_iterator<char>());
-  if (text.size() > kMaxFileBytes) {
-    throw std::runtime_error("larger than " + std::to_string(kMaxFileBytes) + " bytes");
-  }
-  const json::Value dump = json::parse(text);
+  const json::Value dump = json::parse(internal::read_bounded_file(path, kMaxFileBytes));
   if (is_pytorch_dump(dump)) {
     read_pytorch_dump(dump, rank, groups);
     return;

@@ -40,6 +40,8 @@
 #include "internal/check.h"
 #include "internal/env.h"
 #include "internal/logging.h"
+#include "internal/text_files.h"
+#include "timeline/timeline.h"
 
 namespace ddp::internal {
 
@@ -101,7 +103,7 @@ void on_sigusr1(int) {
 }
 
 // Dumps on SIGUSR1, from a thread of its own: a signal handler may not
-// allocate or take locks. Left alone when the program handles SIGUSR1
+// allocate or take locks. Called after Timeline::get() succeeded. Left alone when the program handles SIGUSR1
 // itself.
 void install_signal_dump_locked() {
   if (signal_pipe[0] >= 0) {
@@ -116,10 +118,16 @@ void install_signal_dump_locked() {
   }
   // The reader blocks; only the writer (the handler) must not.
   ::fcntl(signal_pipe[0], F_SETFL, 0);
-  std::thread([fd = signal_pipe[0], keep = registry()] {
+  // The timeline, when on, is written too (Note [Timeline]): ddprun sends
+  // SIGUSR1 before it stops a failed job's ranks. Not kept alive by this
+  // thread, which never ends: its destruction writes it at exit.
+  std::thread([fd = signal_pipe[0], keep = registry(), weak_timeline = std::weak_ptr<Timeline>(Timeline::shared())] {
     char byte = 0;
     while (::read(fd, &byte, 1) > 0 || errno == EINTR) {
       dump_with(*keep, "SIGUSR1");
+      if (const auto timeline = weak_timeline.lock()) {
+        timeline->write();
+      }
     }
   }).detach();
   struct sigaction action {};
@@ -143,35 +151,6 @@ const char* state_name(FlightRecorder::State state) {
   return "unknown";
 }
 
-void append_json_string(std::string& out, const std::string& text) {
-  out += '"';
-  for (const unsigned char c : text) {
-    switch (c) {
-      case '"':
-        out += "\\\"";
-        break;
-      case '\\':
-        out += "\\\\";
-        break;
-      case '\n':
-        out += "\\n";
-        break;
-      case '\t':
-        out += "\\t";
-        break;
-      default:
-        if (c < 0x20) {
-          char escaped[8];
-          std::snprintf(escaped, sizeof(escaped), "\\u%04x", c);
-          out += escaped;
-        } else {
-          out += static_cast<char>(c);
-        }
-    }
-  }
-  out += '"';
-}
-
 std::string dump_directory() {
   if (const auto dir = env_get(kEnvFlightRecorderDir); dir && !dir->empty()) {
     return *dir;
@@ -180,24 +159,19 @@ std::string dump_directory() {
   return std::string(tmp != nullptr && *tmp != '\0' ? tmp : "/tmp") + "/ddp_flight_recorder";
 }
 
-// mkdir -p; returns "" or what failed.
-std::string make_directories(const std::string& path) {
-  for (size_t at = 1; at <= path.size(); ++at) {
-    if (at == path.size() || path[at] == '/') {
-      const std::string part = path.substr(0, at);
-      if (::mkdir(part.c_str(), 0755) != 0 && errno != EEXIST) {
-        return c10::str("cannot create ", part, ": ", std::strerror(errno));
-      }
-    }
-  }
-  return "";
-}
-
 } // namespace
 
 std::shared_ptr<FlightRecorder> FlightRecorder::create(std::string group, std::string backend, int rank,
                                                        int size) {
   const size_t capacity = capacity_from_env(rank, size, backend);
+  try {
+    if (Timeline* timeline = Timeline::get()) { // Note [Timeline]: the first group names the file
+      timeline->set_rank(rank, size);
+    }
+  } catch (const c10::Error& e) {
+    DDP_CHECK(false, "[rank ", rank, "/", size, "] creating a ", backend, " process group: ",
+              e.what_without_backtrace());
+  }
   if (capacity == 0) {
     return nullptr;
   }
@@ -223,7 +197,9 @@ FlightRecorder::FlightRecorder(std::string group, std::string backend, int rank,
       rank_(rank),
       size_(size),
       capacity_(capacity),
-      registry_(std::move(registry)) {
+      registry_(std::move(registry)),
+      timeline_(Timeline::shared()),
+      timeline_track_(timeline_ ? timeline_->track(c10::str("collectives: ", group_, " (", backend_, ")")) : 0) {
   ring_.reserve(std::min<size_t>(capacity_, 64));
 }
 
@@ -248,20 +224,33 @@ uint64_t FlightRecorder::queued(const Fingerprint& fingerprint) {
 }
 
 void FlightRecorder::update(uint64_t id, State state, const std::string* error) {
-  std::lock_guard<std::mutex> lock(mutex_);
-  if (id >= next_id_ || id + capacity_ < next_id_) {
-    return; // overwritten since
+  Entry ended; // for the timeline (Note [Timeline]): a copy, to write outside the lock
+  {
+    std::lock_guard<std::mutex> lock(mutex_);
+    if (id >= next_id_ || id + capacity_ < next_id_) {
+      return; // overwritten since
+    }
+    Entry& entry = ring_[id % capacity_];
+    entry.state = state;
+    if (state == State::kStarted) {
+      entry.started_us = now_us();
+    } else {
+      entry.completed_us = now_us();
+    }
+    if (error != nullptr) {
+      entry.error = error->substr(0, kMaxErrorBytes);
+    }
+    if (timeline_ == nullptr || state == State::kStarted) {
+      return;
+    }
+    ended = entry;
   }
-  Entry& entry = ring_[id % capacity_];
-  entry.state = state;
-  if (state == State::kStarted) {
-    entry.started_us = now_us();
-  } else {
-    entry.completed_us = now_us();
-  }
-  if (error != nullptr) {
-    entry.error = error->substr(0, kMaxErrorBytes);
-  }
+  // A collective that failed before it started spans its time in the queue.
+  const int64_t start = ended.started_us != 0 ? ended.started_us : ended.queued_us;
+  std::string args = c10::str("\"seq\": ", ended.seq, ", \"shape\": ");
+  append_json_string(args, ended.shape);
+  args += c10::str(", \"queued_us\": ", start - ended.queued_us, ", \"state\": \"", state_name(ended.state), "\"");
+  timeline_->complete(timeline_track_, ended.op, start, ended.completed_us, std::move(args));
 }
 
 void FlightRecorder::started(uint64_t id) {
@@ -381,25 +370,7 @@ std::string dump_with(Registry& r, const std::string& reason) {
     const std::string text = json_of(r, reason);
     const std::string dir = dump_directory();
     const std::string path = c10::str(dir, "/rank_", rank, ".json");
-    std::string problem = make_directories(dir);
-    if (problem.empty()) {
-      const std::string aside = c10::str(path, ".", ::getpid(), ".", std::hash<std::thread::id>()(std::this_thread::get_id()), ".tmp");
-      FILE* file = std::fopen(aside.c_str(), "w");
-      if (file == nullptr) {
-        problem = c10::str("cannot open ", aside, ": ", std::strerror(errno));
-      } else {
-        const bool written = std::fwrite(text.data(), 1, text.size(), file) == text.size();
-        const bool closed = std::fclose(file) == 0;
-        if (!written || !closed) {
-          problem = c10::str("cannot write ", aside, ": ", std::strerror(errno));
-        } else if (std::rename(aside.c_str(), path.c_str()) != 0) {
-          problem = c10::str("cannot rename ", aside, " to ", path, ": ", std::strerror(errno));
-        }
-        if (!problem.empty()) {
-          std::remove(aside.c_str());
-        }
-      }
-    }
+    const std::string problem = replace_file(path, text);
     if (!problem.empty()) {
       log_warning(c10::str("[rank ", rank, "] flight recorder: could not write its dump (", problem,
                            "); set ", kEnvFlightRecorderDir.name, " to a writable directory"));

@@ -21,6 +21,7 @@ namespace ddp::internal {
 // holds it, so that a group destroyed at exit, after the static one is
 // gone, can still write its dump.
 struct FlightRecorderRegistry;
+class Timeline;
 
 class FlightRecorder {
  public:
@@ -87,6 +88,8 @@ class FlightRecorder {
   const int size_;
   const size_t capacity_;
   const std::shared_ptr<FlightRecorderRegistry> registry_;
+  const std::shared_ptr<Timeline> timeline_; // nullptr when off (Note [Timeline])
+  const int timeline_track_;
   mutable std::mutex mutex_;
   std::vector<Entry> ring_; // guarded by mutex_; entry id sits at id % capacity_
   uint64_t next_id_ = 0;    // guarded by mutex_

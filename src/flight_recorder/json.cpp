@@ -1,7 +1,11 @@
 #include "flight_recorder/json.h"
 
+#include <cmath>
+#include <cstdio>
 #include <cstdlib>
 #include <stdexcept>
+
+#include "internal/text_files.h"
 
 namespace ddp::json {
 
@@ -218,6 +222,54 @@ int64_t Value::int_or(const std::string& name, int64_t fallback) const {
 
 Value parse(const std::string& text) {
   return Reader(text).document();
+}
+
+void write(const Value& value, std::string& out) {
+  switch (value.kind) {
+    case Value::Kind::kNull:
+      out += "null";
+      return;
+    case Value::Kind::kBool:
+      out += value.boolean ? "true" : "false";
+      return;
+    case Value::Kind::kNumber: {
+      char text[40];
+      if (std::isfinite(value.number) && std::fabs(value.number) < 9007199254740992.0 &&
+          value.number == std::floor(value.number)) {
+        std::snprintf(text, sizeof(text), "%lld", static_cast<long long>(value.number));
+      } else if (std::isfinite(value.number)) {
+        std::snprintf(text, sizeof(text), "%.17g", value.number);
+      } else {
+        std::snprintf(text, sizeof(text), "null"); // JSON has no infinity
+      }
+      out += text;
+      return;
+    }
+    case Value::Kind::kString:
+      internal::append_json_string(out, value.text);
+      return;
+    case Value::Kind::kArray:
+      out += '[';
+      for (size_t i = 0; i < value.items.size(); ++i) {
+        out += i == 0 ? "" : ", ";
+        write(value.items[i], out);
+      }
+      out += ']';
+      return;
+    case Value::Kind::kObject: {
+      out += '{';
+      bool first = true;
+      for (const auto& [name, member] : value.members) {
+        out += first ? "" : ", ";
+        first = false;
+        internal::append_json_string(out, name);
+        out += ": ";
+        write(member, out);
+      }
+      out += '}';
+      return;
+    }
+  }
 }
 
 } // namespace ddp::json

@@ -1,7 +1,7 @@
 #pragma once
 
-// A small JSON reader for ddprun (no Torch there): what the flight
-// recorder's dumps and the timeline's traces need, objects, arrays,
+// A small JSON reader and writer for ddprun (no Torch there): what the
+// flight recorder's dumps and the timeline's traces need, objects, arrays,
 // strings, numbers, true, false and null. Throws std::runtime_error naming
 // the offset of the first thing it cannot read.
 
@@ -34,5 +34,9 @@ struct Value {
 
 // Parses a whole document; trailing text other than whitespace is an error.
 Value parse(const std::string& text);
+
+// Appends `value` as JSON text: objects' members in name order, a whole
+// number below 2^53 without a fraction, other numbers with 17 digits.
+void write(const Value& value, std::string& out);
 
 } // namespace ddp::json

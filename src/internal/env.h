@@ -77,6 +77,14 @@ inline constexpr EnvVar kEnvFlightRecorderDir{"DDP_FLIGHT_RECORDER_DIR", nullptr
     "Where each rank writes its flight recorder dump, rank_<R>.json, when a collective fails, on "
     "SIGUSR1 and on ddp::dump_flight_recorder(). Unset: $TMPDIR/ddp_flight_recorder (/tmp when "
     "TMPDIR is unset). `ddprun --analyze DIR` reads them."};
+inline constexpr EnvVar kEnvTraceDir{"DDP_TRACE_DIR", nullptr,
+    "Turns the timeline on (Note [Timeline]): each rank writes the last steps' events, in the "
+    "Chrome Trace Event Format, to trace_rank_<R>.json in this directory when the program exits "
+    "(or on ddp::write_timeline()). `ddprun --trace DIR` sets it and merges the ranks' files into "
+    "DIR/trace.json and DIR/trace.svg. Unset or empty: no timeline."};
+inline constexpr EnvVar kEnvTraceSteps{"DDP_TRACE_STEPS", "20",
+    "Which steps the timeline keeps (a step starts at each DistributedDataParallel forward with "
+    "gradients): K, the last K steps (a ring, 1 to 100000); or A-B, steps A to B (from 1)."};
 inline constexpr EnvVar kEnvNcclCollectiveCheck{"DDP_NCCL_COLLECTIVE_CHECK", "auto",
     "The NCCL backend's collective fingerprint check (Note [NCCL fingerprint check]): auto (with "
     "two ranks or more), on (with one rank too: what measures its cost on one GPU), off (never; "

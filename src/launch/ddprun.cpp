@@ -18,6 +18,7 @@
 #include "flight_recorder/analyzer.h"
 #include "launch/options.h"
 #include "launch/supervisor.h"
+#include "timeline/trace_merge.h"
 
 namespace {
 
@@ -60,6 +61,9 @@ int main(int argc, char** argv) {
   if (command_line.analyze) {
     return ddp::flight_recorder::analyze_directory(*command_line.analyze, stdout, stderr);
   }
+  if (command_line.merge_trace) {
+    return ddp::timeline::merge_directory(*command_line.merge_trace, stdout, stderr);
+  }
 
   LaunchOptions& options = command_line.options;
   if (env_flag_is_set(std::getenv("DDPRUN_NO_PREFIX"))) {
@@ -70,10 +74,21 @@ int main(int argc, char** argv) {
     std::fprintf(stderr, "ddprun: %s\n", refusal.c_str());
     return kExitUsage;
   }
+  if (options.trace_dir) {
+    // The ranks inherit it; an earlier job's files would be merged with theirs.
+    ddp::timeline::clear_traces(*options.trace_dir);
+    ::setenv("DDP_TRACE_DIR", options.trace_dir->c_str(), 1);
+  }
+  int status = kExitFailure;
   try {
-    return run_ranks(options); // picks a free port when none was given
+    status = run_ranks(options); // picks a free port when none was given
   } catch (const std::exception& e) {
     std::fprintf(stderr, "ddprun: %s\n", e.what());
-    return kExitFailure;
   }
+  if (options.trace_dir) {
+    std::fflush(stdout);
+    // The job's status stands; a merge that fails says so on stderr.
+    ddp::timeline::merge_directory(*options.trace_dir, stdout, stderr);
+  }
+  return status;
 }

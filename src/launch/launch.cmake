@@ -9,7 +9,10 @@ add_library(ddprun_objects OBJECT
   src/launch/teardown_dumps.cpp
   src/flight_recorder/analyzer.cpp
   src/flight_recorder/json.cpp
-  src/flight_recorder/pytorch_dump.cpp)
+  src/flight_recorder/pytorch_dump.cpp
+  src/timeline/trace_merge.cpp
+  src/timeline/trace_svg.cpp
+  src/internal/text_files.cpp)
 target_include_directories(ddprun_objects PUBLIC ${PROJECT_SOURCE_DIR}/src)
 target_compile_options(ddprun_objects PRIVATE -Wall -Wextra)
 

@@ -122,6 +122,16 @@ CommandLine parse_command_line(const std::vector<std::string>& args) {
       if (result.analyze->empty()) {
         throw UsageError("--analyze needs a directory (got '')");
       }
+    } else if (flag == "--trace") {
+      options.trace_dir = value();
+      if (options.trace_dir->empty()) {
+        throw UsageError("--trace needs a directory (got '')");
+      }
+    } else if (flag == "--merge-trace") {
+      result.merge_trace = value();
+      if (result.merge_trace->empty()) {
+        throw UsageError("--merge-trace needs a directory (got '')");
+      }
     } else if (flag == "--no-prefix") {
       if (inline_value) {
         throw UsageError("--no-prefix takes no value (got " + quoted(*inline_value) + ")");
@@ -133,9 +143,14 @@ CommandLine parse_command_line(const std::vector<std::string>& args) {
   }
 
   options.program.assign(args.begin() + static_cast<std::ptrdiff_t>(i), args.end());
-  if (result.analyze) {
+  if (result.analyze && result.merge_trace) {
+    throw UsageError("--analyze and --merge-trace are two commands: give one");
+  }
+  if (result.analyze || result.merge_trace) {
+    const char* command = result.analyze ? "--analyze" : "--merge-trace";
     if (!options.program.empty()) {
-      throw UsageError("--analyze starts nothing: no program after it (got " + quoted(options.program[0]) + ")");
+      throw UsageError(std::string(command) + " starts nothing: no program after it (got " +
+                       quoted(options.program[0]) + ")");
     }
     return result;
   }
@@ -196,6 +211,7 @@ std::string mpi_backend_refusal(const LaunchOptions& options, const char* ddp_ba
 const char* usage_text() {
   return R"(usage: ddprun [options] [--] program [args...]
        ddprun --analyze DIR
+       ddprun --merge-trace DIR
 
 Starts --nproc-per-node copies of program on this node, one per rank, with the
 variables torchrun sets: RANK, WORLD_SIZE, LOCAL_RANK, LOCAL_WORLD_SIZE,
@@ -219,9 +235,16 @@ options:
                       TORCHELASTIC_RESTART_COUNT and DDP_RESTART_COUNT
   --no-prefix         do not prefix output lines with "[rank R]: "
                       (DDPRUN_NO_PREFIX=1 does the same)
+  --trace DIR         record a timeline of the last steps (DDP_TRACE_DIR=DIR
+                      for every rank; DDP_TRACE_STEPS picks the steps), then
+                      merge the ranks' files into DIR/trace.json (Perfetto,
+                      chrome://tracing) and draw DIR/trace.svg
   --analyze DIR       start nothing: read the flight recorder dumps in DIR
                       (DDP_FLIGHT_RECORDER_DIR, rank_<R>.json) and say which
                       rank is behind, and in which collective
+  --merge-trace DIR   start nothing: merge the timelines in DIR
+                      (trace_rank_<R>.json, written by ranks run with
+                      DDP_TRACE_DIR=DIR under any launcher), as --trace does
   -h, --help          print this help and exit
 
 Flags may be written with underscores (--nproc_per_node) and as --flag=value.

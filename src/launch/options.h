@@ -46,6 +46,10 @@ struct LaunchOptions {
   /// rendezvous; see run_ranks. Only with nnodes == 1. Default: 0 (a failed
   /// rank ends the job).
   int max_restarts = 0;
+  /// --trace DIR: the ranks record a timeline there (DDP_TRACE_DIR), and
+  /// ddprun merges it into DIR/trace.json and DIR/trace.svg when the job
+  /// ends (src/timeline/trace_merge.h). Default: none.
+  std::optional<std::string> trace_dir;
   /// The program and its arguments, passed to execvp unchanged. Required.
   std::vector<std::string> program;
 };
@@ -58,6 +62,9 @@ struct CommandLine {
   /// is at fault (src/flight_recorder/analyzer.h); nothing is started, and
   /// no other option is needed.
   std::optional<std::string> analyze;
+  /// --merge-trace DIR: merge the timelines that ranks started by another
+  /// launcher wrote there (DDP_TRACE_DIR); nothing is started.
+  std::optional<std::string> merge_trace;
   /// The checked options; meaningful only when help is false.
   LaunchOptions options;
 };

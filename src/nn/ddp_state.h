@@ -35,6 +35,8 @@ struct DistributedDataParallelImpl::State {
   // no_sync(): only then does the next forward broadcast the buffers, as
   // PyTorch's (require_forward_param_sync).
   bool last_forward_synchronised = true;
+  // When the forward being traced began (Note [Timeline]); 0: none is.
+  int64_t timeline_forward_start_us = 0;
 };
 
 } // namespace ddp

@@ -37,6 +37,7 @@
 #include "nn/ddp_state.h"
 #include "nn/state_sync.h"
 #include "reducer/reducer.h"
+#include "timeline/timeline.h"
 
 namespace ddp {
 
@@ -379,6 +380,10 @@ const std::shared_ptr<ProcessGroup>& DistributedDataParallelImpl::process_group(
 
 void DistributedDataParallelImpl::pre_forward() {
   state_->reducer->record_forward_event(internal::IterationTimer::Event::kForwardStart);
+  if (internal::Timeline* timeline = internal::Timeline::get(); timeline && at::GradMode::is_enabled()) {
+    timeline->begin_step(); // Note [Timeline]: a step begins with a forward with gradients
+    state_->timeline_forward_start_us = internal::Timeline::now_us();
+  }
   const bool will_sync_gradients = at::GradMode::is_enabled() && state_->reducer->require_sync();
   // As PyTorch: after a forward under no_sync() or without gradients, the
   // buffers are not broadcast (each rank keeps its own statistics until the
@@ -433,6 +438,11 @@ void DistributedDataParallelImpl::post_forward(const std::vector<at::Tensor*>& o
     }
   }
   state_->reducer->record_forward_event(internal::IterationTimer::Event::kForwardEnd);
+  if (state_->timeline_forward_start_us != 0) {
+    internal::Timeline::get()->complete(internal::Timeline::kStepTrack, "forward", state_->timeline_forward_start_us,
+                                        internal::Timeline::now_us());
+    state_->timeline_forward_start_us = 0;
+  }
 }
 
 NoSyncGuard DistributedDataParallelImpl::no_sync() {

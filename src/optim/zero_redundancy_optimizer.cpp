@@ -31,6 +31,8 @@
 
 #include <cstring>
 
+#include <ddp/timeline.h>
+
 #include "internal/logging.h"
 
 namespace ddp::optim {
@@ -69,6 +71,7 @@ ZeroRedundancyOptimizerBase::~ZeroRedundancyOptimizerBase() {
 }
 
 torch::Tensor ZeroRedundancyOptimizerBase::step(LossClosure closure) {
+  TimelineScope traced("ZeroRedundancyOptimizer.step", "optimizer"); // Note [Timeline]
   if (impl_->owners.size() != param_groups_.size()) {
     // Groups added through torch::optim::Optimizer::add_param_group, which
     // is not virtual: shard them now (every rank steps, so every rank does).

@@ -363,6 +363,7 @@ void Reducer::reset_iteration() {
   for (auto& bucket : buckets_) {
     bucket.pending = bucket.variable_indices.size();
     bucket.work.reset();
+    bucket.ready_ms = 0;
     bucket.launch_ms = 0;
     bucket.done_ms = 0;
     if (bucket.sparse) {
@@ -541,6 +542,7 @@ void Reducer::mark_variable_ready(size_t index) {
   }
   timer_.record(IterationTimer::Event::kBackwardEnd);
   if (--bucket.pending == 0) {
+    bucket.ready_ms = timer_.ms_since(IterationTimer::Event::kBackwardStart);
     launch_ready_buckets();
   }
 }

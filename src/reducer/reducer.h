@@ -124,6 +124,7 @@ class Reducer {
     std::shared_ptr<const std::vector<std::string>> parameter_names; // of variable_indices
     size_t pending = 0; // variables not yet ready this iteration
     std::shared_ptr<Work> work;
+    double ready_ms = 0; // its last gradient ready, as launch_ms after the first
     double launch_ms = 0;
     double done_ms = 0; // its Work's completion, once a released bucket has dropped it
   };
@@ -140,7 +141,11 @@ class Reducer {
   void launch_bucket(size_t bucket_index, const at::Tensor& buffer);
   std::vector<GradientSpec> gradient_specs() const;
   void write_sparse_gradient(size_t index, const at::Tensor& reduced); // sparse_gradients.cpp
-  void record_insight(double comm_wait_ms);                            // reducer_insight.cpp
+  // reducer_insight.cpp. `finalize_start`: when finalize began waiting for
+  // the buckets.
+  void record_insight(double comm_wait_ms, std::chrono::steady_clock::time_point finalize_start);
+  // The iteration's events on the timeline (Note [Timeline]). reducer_insight.cpp, as the above.
+  void trace_iteration(std::chrono::steady_clock::time_point finalize_start);
   size_t bucket_bytes(const Bucket& bucket) const;
   void finalize_backward();
   void finalize_backward_guarded(); // mutex_ held

@@ -162,6 +162,7 @@ void Reducer::write_back_bucket(size_t b, const at::Tensor& usage) {
 
 void Reducer::finalize_backward_locked() {
   DDP_INTERNAL_ASSERT(state_ == State::kFinalizing);
+  const auto finalize_start = Clock::now();
   // Each bucket is written back as soon as it is reduced, unless the usage
   // map, reduced after the last bucket, must be known first.
   double comm_wait_ms = early_comm_wait_ms_;
@@ -191,7 +192,7 @@ void Reducer::finalize_backward_locked() {
   }
   know_usage(); // no buckets: the usage map is still reduced
 
-  record_insight(comm_wait_ms);
+  record_insight(comm_wait_ms, finalize_start);
 
   ++iteration_;
   std::fill(used_since_sync_.begin(), used_since_sync_.end(), false);

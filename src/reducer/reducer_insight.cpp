@@ -11,6 +11,7 @@
 #include <algorithm>
 
 #include "internal/logging.h"
+#include "timeline/timeline.h"
 
 namespace ddp::internal {
 
@@ -18,7 +19,7 @@ using Event = IterationTimer::Event;
 
 // Called by finalize_backward_locked with mutex_ held, once every bucket is
 // reduced; `comm_wait_ms` is how long it waited for them.
-void Reducer::record_insight(double comm_wait_ms) {
+void Reducer::record_insight(double comm_wait_ms, std::chrono::steady_clock::time_point finalize_start) {
   IterationInsight insight;
   insight.iteration = iteration_ + 1;
   insight.forward_ms = timer_.ms_between(Event::kForwardStart, Event::kForwardEnd);
@@ -47,6 +48,33 @@ void Reducer::record_insight(double comm_wait_ms) {
   if (config_.print_insight && group_->rank() == 0) {
     log_info(insight_.to_string());
   }
+  trace_iteration(finalize_start);
+}
+
+// The same figures as events (Note [Timeline]), from the same times: the
+// backward window, each bucket from launch to completion, and finalize's wait.
+void Reducer::trace_iteration(std::chrono::steady_clock::time_point finalize_start) {
+  Timeline* timeline = Timeline::get();
+  const auto& backward_start = timer_.at(Event::kBackwardStart);
+  if (timeline == nullptr || !backward_start) {
+    return;
+  }
+  const int64_t origin = timeline->us_of(*backward_start);
+  const auto at_ms = [origin](double ms) { return origin + static_cast<int64_t>(ms * 1000.0 + 0.5); };
+  timeline->complete(Timeline::kStepTrack, "backward", origin, at_ms(insight_.backward_compute_ms),
+                     c10::str("\"iteration\": ", insight_.iteration, ", \"buckets\": ", buckets_.size()));
+  for (const BucketInsight& bucket : insight_.buckets) {
+    const std::string name = c10::str("bucket ", bucket.index);
+    const double ready_ms = buckets_[bucket.index].ready_ms;
+    timeline->instant(Timeline::kBucketTrack, name + " ready", at_ms(ready_ms),
+                      c10::str("\"bucket\": ", bucket.index));
+    timeline->complete(Timeline::kBucketTrack, name, at_ms(bucket.launch_ms), at_ms(bucket.done_ms),
+                       c10::str("\"bucket\": ", bucket.index, ", \"iteration\": ", insight_.iteration,
+                                ", \"bytes\": ", bucket.bytes, ", \"parameters\": ",
+                                bucket.parameter_names.size(), ", \"ready_ms\": ", ready_ms));
+  }
+  timeline->complete(Timeline::kStepTrack, "wait for buckets", timeline->us_of(finalize_start),
+                     Timeline::now_us(), c10::str("\"waited_ms\": ", insight_.comm_wait_ms));
 }
 
 void Reducer::record_forward_event(Event event) {

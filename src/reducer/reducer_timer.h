@@ -33,6 +33,11 @@ class IterationTimer {
     }
   }
 
+  // When `event` happened, if it did.
+  const std::optional<Clock::time_point>& at(Event event) const {
+    return times_[static_cast<size_t>(event)];
+  }
+
   // Milliseconds from `from` to `when`; 0 when `from` was not recorded.
   double ms_since(Event from, Clock::time_point when = Clock::now()) const {
     const auto& start = times_[static_cast<size_t>(from)];

@@ -112,6 +112,19 @@ TEST(ParseCommandLineTest, Analyze) {
   EXPECT_NE(std::string(usage_text()).find("--analyze DIR"), std::string::npos);
 }
 
+TEST(ParseCommandLineTest, Trace) {
+  const CommandLine line = parse_command_line({"--nproc-per-node", "2", "--trace", "/tmp/tl", "prog"});
+  ASSERT_TRUE(line.options.trace_dir.has_value());
+  EXPECT_EQ(*line.options.trace_dir, "/tmp/tl");
+  EXPECT_FALSE(parse_command_line({"--nproc-per-node", "2", "prog"}).options.trace_dir.has_value());
+  // --merge-trace starts nothing, as --analyze.
+  const CommandLine merge = parse_command_line({"--merge-trace=/tmp/tl"});
+  ASSERT_TRUE(merge.merge_trace.has_value());
+  EXPECT_EQ(*merge.merge_trace, "/tmp/tl");
+  EXPECT_NE(std::string(usage_text()).find("--trace DIR"), std::string::npos);
+  EXPECT_NE(std::string(usage_text()).find("--merge-trace DIR"), std::string::npos);
+}
+
 struct BadCommandLine {
   Args args;
   std::string expected; // a substring of the error: the bad value, echoed
@@ -141,6 +154,9 @@ INSTANTIATE_TEST_SUITE_P(
         BadCommandLine{{"--analyze", ""}, "--analyze needs a directory (got '')"},
         BadCommandLine{{"--analyze", "dir", "prog"}, "no program after it (got 'prog')"},
         BadCommandLine{{"--analyze"}, "--analyze needs a value"},
+        BadCommandLine{{"--nproc-per-node", "2", "--trace", "", "prog"}, "--trace needs a directory (got '')"},
+        BadCommandLine{{"--merge-trace", "dir", "prog"}, "--merge-trace starts nothing: no program after it"},
+        BadCommandLine{{"--merge-trace", "a", "--analyze", "b"}, "two commands"},
         BadCommandLine{{"--nproc-per-node", "0", "prog"}, "(got '0')"},
         BadCommandLine{{"--nproc-per-node", "-3", "prog"}, "(got '-3')"},
         BadCommandLine{{"--nproc-per-node", "two", "prog"}, "(got 'two')"},

@@ -1,1 +1,0 @@
-// Anchor for the benchmarks' shared precompiled header (bench/CMakeLists.txt).
