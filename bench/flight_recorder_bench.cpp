@@ -17,6 +17,17 @@
 //   flight_recorder_bench backend=gloo world=2 case=toy-step recorder=on median_us=412.3 ratio=1.004
 // (ratio: to recorder=off's in the same launch).
 //
+// On a small shared machine those two figures move by more than the
+// recorder's cost from launch to launch, so rank 0 also measures the added
+// work itself: one collective's record (queued, started, completed, on a
+// recorder of its own) and one timeline event (Note [Timeline], on a
+// timeline of its own), each the mean of a million, and counts what a
+// ToyModel step records (its collectives, from the recording group's record
+// numbers; its timeline events, at most 3 + 2 per bucket + 2 per collective).
+// Against the step's time in the same launch:
+//   flight_recorder_bench ... case=direct-cost step_us=412.3 record_us=0.31 collectives_per_step=1
+//     recorder_ratio=1.0008 event_us=0.25 events_per_step=7 timeline_ratio=1.0042
+//
 // Exits 1 if an operation fails, 2 on a bad command line.
 
 #include <torch/torch.h>
@@ -32,6 +43,10 @@
 #include <vector>
 
 #include <ddp/ddp.h>
+
+#include "comm/fingerprint.h"
+#include "flight_recorder/flight_recorder.h"
+#include "timeline/timeline.h"
 
 namespace {
 
@@ -103,6 +118,62 @@ double best(const std::vector<double>& medians) {
   return *std::min_element(medians.begin(), medians.end());
 }
 
+constexpr int64_t kDirectRepeats = 1000000;
+
+// Mean microseconds of `body` over kDirectRepeats calls.
+double mean_us(const std::function<void(int64_t)>& body) {
+  const auto start = std::chrono::steady_clock::now();
+  for (int64_t i = 0; i < kDirectRepeats; ++i) {
+    body(i);
+  }
+  return std::chrono::duration<double, std::micro>(std::chrono::steady_clock::now() - start).count() /
+         static_cast<double>(kDirectRepeats);
+}
+
+// One collective's record, as a backend makes it, on a recorder of the
+// default size that no group shares.
+double record_us() {
+  ddp::internal::FlightRecorder recorder("bench", "gloo", 0, 2, 2000, nullptr);
+  ddp::internal::Fingerprint fingerprint("allreduce", at::kFloat, 165, ddp::ReduceOp::kSum);
+  return mean_us([&](int64_t i) {
+    fingerprint.seq = static_cast<uint64_t>(i);
+    const uint64_t id = recorder.queued(fingerprint);
+    recorder.started(id);
+    recorder.completed(id);
+  });
+}
+
+// One timeline event, its name and arguments formatted as a bucket's are,
+// on a timeline of its own keeping 20 steps of 1000 events.
+double event_us() {
+  ddp::internal::Timeline timeline("/nonexistent", 20, 1, 0);
+  timeline.set_rank(0, 2);
+  return mean_us([&](int64_t i) {
+    if (i % 1000 == 0) {
+      timeline.begin_step();
+    }
+    // Formatted as the reducer formats a bucket's (reducer_insight.cpp).
+    timeline.complete(ddp::internal::Timeline::kBucketTrack, "bucket " + std::to_string(i % 4), i, i + 10,
+                      ddp::internal::TimelineArgs()
+                          .add("bucket", i % 4)
+                          .add("iteration", i)
+                          .add("bytes", int64_t{660})
+                          .add("parameters", int64_t{4})
+                          .add("ready_ms", 0.5)
+                          .take());
+  });
+}
+
+// The recording groups' highest record number so far, from the dump's text.
+int64_t last_record_id() {
+  const std::string text = ddp::internal::flight_recorder_json("bench");
+  int64_t last = -1;
+  for (size_t at = text.find("\"id\": "); at != std::string::npos; at = text.find("\"id\": ", at + 1)) {
+    last = std::max<int64_t>(last, std::strtoll(text.c_str() + at + 6, nullptr, 10));
+  }
+  return last;
+}
+
 } // namespace
 
 int main(int argc, char** argv) {
@@ -145,7 +216,24 @@ int main(int argc, char** argv) {
         }));
       }
     }
+    // What one ToyModel step records: its collectives (every rank steps).
+    const int64_t before = last_record_id();
+    variants[0].optimizer->zero_grad();
+    torch::mse_loss((*variants[0].model)(x), y).backward();
+    variants[0].optimizer->step();
+    const int64_t collectives = last_record_id() - before;
+    const int64_t buckets = static_cast<int64_t>((*variants[0].model)->bucket_layout().size());
     if (world->rank() == 0) {
+      const double step = best(variants[1].step_us);
+      const double record = record_us();
+      const double event = event_us();
+      const int64_t events = 3 + 2 * buckets + 2 * collectives;
+      std::printf("flight_recorder_bench backend=%s world=%d case=direct-cost step_us=%.1f record_us=%.3f "
+                  "collectives_per_step=%lld recorder_ratio=%.4f event_us=%.3f events_per_step=%lld "
+                  "timeline_ratio=%.4f\n",
+                  world->backend_name().c_str(), world->size(), step, record, static_cast<long long>(collectives),
+                  1 + record * static_cast<double>(collectives) / step, event, static_cast<long long>(events),
+                  1 + event * static_cast<double>(events) / step);
       for (const char* name : {"allreduce", "toy-step"}) {
         const bool step = std::string(name) == "toy-step";
         const double anchor = best(step ? variants[1].step_us : variants[1].allreduce_us);

@@ -32,6 +32,12 @@
 #   installs (CMake, Ninja, g++, GoogleTest).
 # Build trees: build-compat-cpu/ and build-compat-cuda/ in the clone
 # (build-compat-<version>-<config>/ for another DDP_TORCH_VERSION).
+# Optimization: -O1 ($DDP_COMPAT_OPT_FLAGS, default "-O1 -DNDEBUG", as the
+# Release flags). These builds check that ddp compiles, links and works
+# against this LibTorch; -O1 compiles the library, examples and benchmarks
+# in about two thirds of -O3's time. The -O3 library is scripts/test.sh's
+# (Debian's LibTorch), and what a benchmark on a GPU machine is built with
+# (docs/gpu.md's commands keep the Release default).
 #
 # Time, measured on an idle 2-core Debian 12 machine (see README.md,
 # "Supported versions"): `compat.sh all` with a cold cache took 12 minutes:
@@ -54,6 +60,7 @@ readonly gloo_sdist=horovod==0.28.1
 readonly gloo_sdist_sha256=92a43f5a94c43907a56805bad15f19700c62ffc83b7ca483f9e104e229f67ef0
 readonly jobs=${DDP_JOBS:-$(nproc)}
 readonly test_jobs=${DDP_TEST_JOBS:-2}
+readonly opt_flags=${DDP_COMPAT_OPT_FLAGS:--O1 -DNDEBUG}
 # The cpu configuration's targets and tests after cuda's (see the header).
 readonly cpu_targets='ddp ddprun init_test toy_model'
 readonly cpu_tests='^(init_test|install_consumer|toy_model_2_ranks)$'
@@ -148,7 +155,7 @@ for config in "${configs[@]}"; do
   # The wheel's torch/ first in the prefix path: its lib/ must win over a
   # Debian LibTorch in /usr/lib. TORCH_CUDA_ARCH_LIST only quiets LibTorch's
   # GPU detection: ddp compiles no CUDA kernels.
-  if ! cmake -S "$root" -B "$build" -G Ninja -DCMAKE_BUILD_TYPE=Release \
+  if ! cmake -S "$root" -B "$build" -G Ninja -DCMAKE_BUILD_TYPE=Release "-DCMAKE_CXX_FLAGS_RELEASE=$opt_flags" \
       "-DCMAKE_PREFIX_PATH=$site/torch;$site/torch/share/cmake" \
       -DDDP_WITH_NCCL=$nccl -DNCCL_ROOT="$site/nvidia/nccl" \
       -DDDP_GLOO_SOURCE_DIR="$gloo_src" -DTORCH_CUDA_ARCH_LIST=9.0 \

@@ -247,10 +247,13 @@ void FlightRecorder::update(uint64_t id, State state, const std::string* error) 
   }
   // A collective that failed before it started spans its time in the queue.
   const int64_t start = ended.started_us != 0 ? ended.started_us : ended.queued_us;
-  std::string args = c10::str("\"seq\": ", ended.seq, ", \"shape\": ");
-  append_json_string(args, ended.shape);
-  args += c10::str(", \"queued_us\": ", start - ended.queued_us, ", \"state\": \"", state_name(ended.state), "\"");
-  timeline_->complete(timeline_track_, ended.op, start, ended.completed_us, std::move(args));
+  timeline_->complete(timeline_track_, ended.op, start, ended.completed_us,
+                      TimelineArgs()
+                          .add("seq", static_cast<int64_t>(ended.seq))
+                          .add("shape", ended.shape)
+                          .add("queued_us", start - ended.queued_us)
+                          .add("state", std::string(state_name(ended.state)))
+                          .take());
 }
 
 void FlightRecorder::started(uint64_t id) {

@@ -62,19 +62,27 @@ void Reducer::trace_iteration(std::chrono::steady_clock::time_point finalize_sta
   const int64_t origin = timeline->us_of(*backward_start);
   const auto at_ms = [origin](double ms) { return origin + static_cast<int64_t>(ms * 1000.0 + 0.5); };
   timeline->complete(Timeline::kStepTrack, "backward", origin, at_ms(insight_.backward_compute_ms),
-                     c10::str("\"iteration\": ", insight_.iteration, ", \"buckets\": ", buckets_.size()));
+                     TimelineArgs()
+                         .add("iteration", insight_.iteration)
+                         .add("buckets", static_cast<int64_t>(buckets_.size()))
+                         .take());
   for (const BucketInsight& bucket : insight_.buckets) {
-    const std::string name = c10::str("bucket ", bucket.index);
+    const auto index = static_cast<int64_t>(bucket.index);
+    const std::string name = "bucket " + std::to_string(index);
     const double ready_ms = buckets_[bucket.index].ready_ms;
     timeline->instant(Timeline::kBucketTrack, name + " ready", at_ms(ready_ms),
-                      c10::str("\"bucket\": ", bucket.index));
+                      TimelineArgs().add("bucket", index).take());
     timeline->complete(Timeline::kBucketTrack, name, at_ms(bucket.launch_ms), at_ms(bucket.done_ms),
-                       c10::str("\"bucket\": ", bucket.index, ", \"iteration\": ", insight_.iteration,
-                                ", \"bytes\": ", bucket.bytes, ", \"parameters\": ",
-                                bucket.parameter_names.size(), ", \"ready_ms\": ", ready_ms));
+                       TimelineArgs()
+                           .add("bucket", index)
+                           .add("iteration", insight_.iteration)
+                           .add("bytes", static_cast<int64_t>(bucket.bytes))
+                           .add("parameters", static_cast<int64_t>(bucket.parameter_names.size()))
+                           .add("ready_ms", ready_ms)
+                           .take());
   }
   timeline->complete(Timeline::kStepTrack, "wait for buckets", timeline->us_of(finalize_start),
-                     Timeline::now_us(), c10::str("\"waited_ms\": ", insight_.comm_wait_ms));
+                     Timeline::now_us(), TimelineArgs().add("waited_ms", insight_.comm_wait_ms).take());
 }
 
 void Reducer::record_forward_event(Event event) {

@@ -41,6 +41,7 @@
 
 #include <algorithm>
 #include <cerrno>
+#include <cstdio>
 #include <cstdlib>
 #include <map>
 
@@ -99,6 +100,35 @@ void parse_trace_steps(const std::string& text, int64_t& keep_last, int64_t& fir
   }
   DDP_CHECK(good, kEnvTraceSteps.name, " must be K (the last K steps, 1 to ", kMaxKeepLast,
             ") or A-B (steps A to B, 1 <= A <= B), got '", text, "'");
+}
+
+void TimelineArgs::key(const char* name) {
+  if (!text_.empty()) {
+    text_ += ", ";
+  }
+  text_ += '"';
+  text_ += name;
+  text_ += "\": ";
+}
+
+TimelineArgs& TimelineArgs::add(const char* name, int64_t value) {
+  key(name);
+  text_ += std::to_string(value);
+  return *this;
+}
+
+TimelineArgs& TimelineArgs::add(const char* name, double value) {
+  key(name);
+  char number[32];
+  std::snprintf(number, sizeof(number), "%.4f", value);
+  text_ += number;
+  return *this;
+}
+
+TimelineArgs& TimelineArgs::add(const char* name, const std::string& value) {
+  key(name);
+  append_json_string(text_, value);
+  return *this;
 }
 
 std::shared_ptr<Timeline> Timeline::shared() {

@@ -95,6 +95,22 @@ class Timeline {
   std::vector<std::string> track_names_; // track t is track_names_[t - 1]
 };
 
+// An event's arguments, the inside of a JSON object, built without streams
+// (an event costs a few of these appends: Note [Timeline]).
+class TimelineArgs {
+ public:
+  TimelineArgs& add(const char* key, int64_t value);
+  TimelineArgs& add(const char* key, double value); // 4 decimals
+  TimelineArgs& add(const char* key, const std::string& value);
+  std::string take() {
+    return std::move(text_);
+  }
+
+ private:
+  void key(const char* name);
+  std::string text_;
+};
+
 // DDP_TRACE_STEPS's value: "K" (keep_last = K, the last K steps) or "A-B"
 // (keep_last = 0, first = A, last = B). Throws ddp's error naming the
 // variable and the value when it is neither.
