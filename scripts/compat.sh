@@ -13,7 +13,8 @@
 #          the wheel's PyTorch 2.11, so the reference is current PyTorch.
 #   cpu    the same LibTorch with -DDDP_WITH_NCCL=OFF, the build of a user who
 #          has no NCCL: everything, and the whole suite.
-#   all    cuda, then cpu reduced to what differs without NCCL: libddp.so,
+#   all    cuda (but the tests of code that uses no LibTorch: $torch_free_tests
+#          below), then cpu reduced to what differs without NCCL: libddp.so,
 #          ddprun, the example and the tests whose code depends on it
 #          ($cpu_tests below: backend choice and its errors, the installed
 #          package, a 2-rank job). Everything else compiles the same in both
@@ -64,6 +65,11 @@ readonly opt_flags=${DDP_COMPAT_OPT_FLAGS:--O1 -DNDEBUG}
 # The cpu configuration's targets and tests after cuda's (see the header).
 readonly cpu_targets='ddp ddprun init_test toy_model'
 readonly cpu_tests='^(init_test|install_consumer|toy_model_2_ranks)$'
+# What cuda leaves out under `all`: the tests of code that does not use
+# LibTorch (the stores, ddprun, the dump reader), compiled and run alike
+# against any LibTorch; scripts/test.sh, which .ci/run runs first, has run
+# them. `compat.sh cuda` alone runs them too.
+readonly torch_free_tests='^(store_test|tcp_store_test|tcp_store_bounds_test|file_store_test|ddprun_options_test|ddprun_test|flight_recorder_json_test)$'
 
 say() {
   echo "compat.sh: $*"
@@ -174,6 +180,8 @@ for config in "${configs[@]}"; do
     # shellcheck disable=SC2206 # split on spaces on purpose
     targets=($cpu_targets)
     filter=(-R "$cpu_tests")
+  elif [[ ${#configs[@]} -gt 1 ]]; then
+    filter=(-E "$torch_free_tests")
   fi
   say "[$config] building with $jobs jobs${targets[*]:+ (targets: ${targets[*]})}"
   if ! ninja -C "$build" -j"$jobs" "${targets[@]}"; then

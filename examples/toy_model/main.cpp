@@ -7,7 +7,7 @@
 //   build/ddprun --nproc-per-node 2 build/examples/toy_model [--backend auto|gloo|nccl]
 // prints, for each rank R of the 2 (the ranks' lines interleave in any order;
 // the losses differ from rank to rank):
-//   [rank R]: toy_model: rank R of 2 on cpu, backend gloo, BLAS OpenBLAS, 1 thread
+//   [rank R]: toy_model: rank R of 2 (local rank R of 2) on cpu, backend gloo, BLAS OpenBLAS, 1 thread
 //   [rank R]: basic: loss 1.4909 (each rank has its own random batch)
 //   [rank R]: basic: gradients agree across 2 ranks (max difference 0)
 //   [rank R]: basic: parameters agree across 2 ranks (max difference 0)
@@ -289,9 +289,9 @@ int main(int argc, char** argv) {
     // tutorial's processes have, and different initial parameters, which
     // DDP's constructor makes equal.
     torch::manual_seed(static_cast<uint64_t>(group->rank()));
-    std::printf("toy_model: rank %d of %d on %s, backend %s, BLAS %s\n", group->rank(),
-                group->size(), device.str().c_str(), group->backend_name().c_str(),
-                blas_summary().c_str());
+    std::printf("toy_model: rank %d of %d (local rank %d of %d) on %s, backend %s, BLAS %s\n", group->rank(),
+                group->size(), world.local_rank, world.local_world_size, device.str().c_str(),
+                group->backend_name().c_str(), blas_summary().c_str());
 
     bool ok = demo_basic(*group, device);
     ok = demo_checkpoint(*group, device) && ok;

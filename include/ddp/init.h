@@ -70,11 +70,15 @@ struct WorldInfo {
 
 /// Reads RANK, WORLD_SIZE, LOCAL_RANK, LOCAL_WORLD_SIZE, MASTER_ADDR and
 /// MASTER_PORT (torchrun's and ddprun's names); when RANK and WORLD_SIZE are
-/// absent, Slurm's SLURM_PROCID/SLURM_NTASKS/SLURM_LOCALID, then Open MPI's
-/// OMPI_COMM_WORLD_*; with none of them, a world of size 1. Throws one
-/// `c10::Error` that lists what was found and what is needed when a variable
-/// is malformed, out of range or missing (MASTER_ADDR and MASTER_PORT are
-/// not needed with DDP_BACKEND=mpi).
+/// absent, Open MPI's OMPI_COMM_WORLD_* (mpirun, inside a Slurm allocation
+/// too), then, in an srun step only, Slurm's SLURM_PROCID/SLURM_NTASKS/
+/// SLURM_LOCALID, with MASTER_ADDR and MASTER_PORT derived from the job when
+/// unset; with none of them, a world of size 1 (docs/launcher.md, "Other
+/// launchers"). Throws one `c10::Error` that lists what was found and what
+/// is needed when a variable is malformed, out of range or missing
+/// (MASTER_ADDR and MASTER_PORT are not needed with DDP_BACKEND=mpi), and
+/// one that says how to start the ranks when the process runs in a Slurm
+/// batch script or salloc's shell whose SLURM_NTASKS > 1.
 WorldInfo world_info_from_env();
 
 /// Creates the default process group from the environment (env://): a

@@ -18,6 +18,7 @@ ddp_add_part(ddp_comm
   src/comm/contiguous_arguments.cpp
   src/comm/reduce_kernels.cpp
   src/comm/init.cpp
+  src/comm/slurm_env.cpp
   src/comm/subgroups.cpp
   src/flight_recorder/flight_recorder.cpp
   src/timeline/timeline.cpp)

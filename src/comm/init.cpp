@@ -30,6 +30,7 @@
 #include <ddp/comm/error.h>
 
 #include "comm/default_group.h"
+#include "comm/slurm_env.h"
 #include "internal/check.h"
 #include "internal/env.h"
 #include "internal/logging.h"
@@ -89,6 +90,11 @@ class EnvReport {
     problems_.push_back(std::move(text));
   }
 
+  // A value that came from elsewhere than its variable, for the list.
+  void derived(std::string text) {
+    found_.push_back(std::move(text));
+  }
+
   void throw_if_problems(const std::string& source, const std::string& needed) const {
     if (problems_.empty()) {
       return;
@@ -135,16 +141,32 @@ bool env_asks_for_mpi() {
   return internal::env_get(internal::kEnvBackend).value_or("") == "mpi";
 }
 
-void read_master(EnvReport& report, WorldInfo& info) {
+// Under srun, what stands in for MASTER_ADDR and MASTER_PORT when they are
+// unset (Note [Launcher precedence]); empty and 0 elsewhere.
+struct MasterDefaults {
+  std::string addr;
+  std::string addr_from; // the variable it was read from
+  int port = 0;
+};
+
+void read_master(EnvReport& report, WorldInfo& info, const char* size_name, const MasterDefaults& defaults) {
   auto addr = report.read(internal::kEnvMasterAddr);
   auto port = report.read_int(internal::kEnvMasterPort, 1, 65535, false);
+  if ((!addr || addr->empty()) && !defaults.addr.empty()) {
+    addr = defaults.addr;
+    report.derived(c10::str("MASTER_ADDR from ", defaults.addr_from, ": '", *addr, "'"));
+  }
+  if (!port && !internal::env_get(internal::kEnvMasterPort) && defaults.port != 0) {
+    port = defaults.port;
+    report.derived(c10::str("MASTER_PORT from SLURM_JOB_ID: ", *port));
+  }
   if (info.world_size > 1 && !env_asks_for_mpi()) {
     if (!addr || addr->empty()) {
-      report.problem("MASTER_ADDR is not set (needed when WORLD_SIZE > 1; under mpirun or srun, "
-                     "DDP_BACKEND=mpi needs none)");
+      report.problem(c10::str("MASTER_ADDR is not set (needed when ", size_name,
+                              " > 1; under mpirun or srun, DDP_BACKEND=mpi needs none)"));
     }
     if (!port && !internal::env_get(internal::kEnvMasterPort)) {
-      report.problem("MASTER_PORT is not set (needed when WORLD_SIZE > 1)");
+      report.problem(c10::str("MASTER_PORT is not set (needed when ", size_name, " > 1)"));
     }
   }
   info.master_addr = addr.value_or("");
@@ -163,7 +185,8 @@ bool any_set(std::initializer_list<const internal::EnvVar*> vars) {
 // Reads one launcher's four rank variables.
 WorldInfo read_world(const std::string& source, const internal::EnvVar& rank_var,
                      const internal::EnvVar& size_var, const internal::EnvVar& local_rank_var,
-                     const internal::EnvVar& local_size_var) {
+                     const internal::EnvVar& local_size_var, const MasterDefaults& defaults = {},
+                     std::optional<int> derived_local_size = std::nullopt) {
   EnvReport report;
   WorldInfo info;
   info.source = source;
@@ -176,6 +199,11 @@ WorldInfo read_world(const std::string& source, const internal::EnvVar& rank_var
   info.rank = rank.value_or(0);
   auto local_rank = report.read_int(local_rank_var, 0, kMaxWorld, false);
   auto local_size = report.read_int(local_size_var, 1, kMaxWorld, false);
+  if (!local_size && derived_local_size) {
+    local_size = derived_local_size;
+    report.derived(c10::str("local world size from SLURM_STEP_TASKS_PER_NODE and SLURM_NODEID: ",
+                            *local_size));
+  }
   // Without the local variables, assume one node.
   info.local_rank = local_rank.value_or(info.rank);
   info.local_world_size = local_size.value_or(info.world_size);
@@ -183,7 +211,7 @@ WorldInfo read_world(const std::string& source, const internal::EnvVar& rank_var
     report.problem(c10::str(local_rank_var.name, "=", *local_rank, " is not below ",
                             local_size_var.name, "=", *local_size));
   }
-  read_master(report, info);
+  read_master(report, info, size_var.name, defaults);
   report.throw_if_problems(
       source,
       c10::str(rank_var.name, " and ", size_var.name, " (integers, 0 <= ", rank_var.name, " < ",
@@ -447,18 +475,43 @@ WorldInfo world_info_from_env() {
     return read_world("torchrun/ddprun (RANK, WORLD_SIZE)", kEnvRank, kEnvWorldSize, kEnvLocalRank,
                       kEnvLocalWorldSize);
   }
-  if (any_set({&kEnvSlurmProcId, &kEnvSlurmNTasks})) {
-    auto info = read_world("Slurm", kEnvSlurmProcId, kEnvSlurmNTasks, kEnvSlurmLocalId,
-                           kEnvSlurmNTasksPerNode);
-    info.source = "slurm";
-    return info;
-  }
+  // Note [Launcher precedence] (slurm_env.cpp): mpirun's ranks before
+  // Slurm's, and Slurm's only in an srun step.
   if (any_set({&kEnvOmpiRank, &kEnvOmpiSize})) {
     auto info = read_world("Open MPI", kEnvOmpiRank, kEnvOmpiSize, kEnvOmpiLocalRank,
                            kEnvOmpiLocalSize);
     info.source = "openmpi";
     return info;
   }
+  if (in_srun_step() && any_set({&kEnvSlurmProcId, &kEnvSlurmNTasks})) {
+    MasterDefaults defaults;
+    for (const EnvVar* list : {&kEnvSlurmStepNodeList, &kEnvSlurmJobNodeList}) {
+      if (const auto hosts = env_get(*list); hosts && defaults.addr.empty()) {
+        defaults.addr = first_slurm_host(*hosts);
+        defaults.addr_from = list->name;
+      }
+    }
+    defaults.port = slurm_master_port(env_get(kEnvSlurmJobId).value_or(""));
+    std::optional<int> local_size;
+    const auto tasks_per_node = env_get(kEnvSlurmStepTasksPerNode);
+    const auto node = env_get(kEnvSlurmNodeId);
+    if (tasks_per_node && node) {
+      local_size = slurm_tasks_on_node(*tasks_per_node, std::atoi(node->c_str()));
+    }
+    auto info = read_world("Slurm (srun)", kEnvSlurmProcId, kEnvSlurmNTasks, kEnvSlurmLocalId,
+                           kEnvSlurmNTasksPerNode, defaults, local_size);
+    info.source = "slurm";
+    return info;
+  }
+  const auto tasks = env_get(kEnvSlurmNTasks);
+  const auto job = env_get(kEnvSlurmJobId);
+  DDP_CHECK(!job || !tasks || std::atoi(tasks->c_str()) <= 1, "init_process_group: this process runs in Slurm job ",
+            *job, " but not in an srun step (SLURM_STEP_ID is ",
+            env_get(kEnvSlurmStepId) ? "'" + *env_get(kEnvSlurmStepId) + "', a batch or interactive step" : "unset",
+            "): it is the batch script or salloc's shell, where SLURM_NTASKS=", tasks.value_or(""),
+            " counts the allocation's tasks, not processes of this program, so no other rank would "
+            "join. Start the ranks with srun (srun ./program, each task a rank), mpirun, ddprun or "
+            "torchrun; or set RANK=0 and WORLD_SIZE=1 to run this process alone");
   WorldInfo info;
   info.source = "none";
   return info;

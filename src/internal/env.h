@@ -40,11 +40,27 @@ inline constexpr EnvVar kEnvRestartCount{"DDP_RESTART_COUNT", "0",
     "Set by ddprun for every rank, with the same value as TORCHELASTIC_RESTART_COUNT: 0 at the "
     "first start, k after the k-th restart (--max-restarts). A program resumes from its last "
     "checkpoint when it is > 0 (examples/mnist does)."};
-// Slurm, used when RANK/WORLD_SIZE are absent.
+// Slurm, used in an srun step when neither torchrun's nor Open MPI's
+// variables are set (Note [Launcher precedence] in src/comm/slurm_env.cpp).
 inline constexpr EnvVar kEnvSlurmProcId{"SLURM_PROCID", nullptr, "Slurm's global rank."};
-inline constexpr EnvVar kEnvSlurmNTasks{"SLURM_NTASKS", nullptr, "Slurm's world size."};
+inline constexpr EnvVar kEnvSlurmNTasks{"SLURM_NTASKS", nullptr,
+    "Slurm's number of tasks: the step's under srun, the allocation's in a batch script or salloc."};
 inline constexpr EnvVar kEnvSlurmLocalId{"SLURM_LOCALID", nullptr, "Slurm's local rank."};
-inline constexpr EnvVar kEnvSlurmNTasksPerNode{"SLURM_NTASKS_PER_NODE", nullptr, "Slurm's local world size."};
+inline constexpr EnvVar kEnvSlurmNTasksPerNode{"SLURM_NTASKS_PER_NODE", nullptr,
+    "Slurm's tasks per node, when the job asked for a fixed number (--ntasks-per-node)."};
+inline constexpr EnvVar kEnvSlurmStepTasksPerNode{"SLURM_STEP_TASKS_PER_NODE", nullptr,
+    "The srun step's tasks on each node, compressed: \"2(x3),1\" (2 on each of 3 nodes, then 1)."};
+inline constexpr EnvVar kEnvSlurmNodeId{"SLURM_NODEID", nullptr, "This node's index in the job, from 0."};
+inline constexpr EnvVar kEnvSlurmStepId{"SLURM_STEP_ID", nullptr,
+    "Set in the tasks of an srun step (0, 1, ...); unset, or one of Slurm's special step numbers "
+    "(4294967290 and up: batch, extern, interactive), in a batch script or salloc's shell."};
+inline constexpr EnvVar kEnvSlurmJobId{"SLURM_JOB_ID", nullptr,
+    "The Slurm job's id: in an allocation; the source of the derived MASTER_PORT."};
+inline constexpr EnvVar kEnvSlurmStepNodeList{"SLURM_STEP_NODELIST", nullptr,
+    "The srun step's hosts in Slurm's hostlist syntax (node[01-04,07]); its first is the derived "
+    "MASTER_ADDR."};
+inline constexpr EnvVar kEnvSlurmJobNodeList{"SLURM_JOB_NODELIST", nullptr,
+    "The job's hosts, used when SLURM_STEP_NODELIST is unset."};
 // Open MPI, used when neither torchrun's nor Slurm's variables are set.
 inline constexpr EnvVar kEnvOmpiRank{"OMPI_COMM_WORLD_RANK", nullptr, "Open MPI's global rank."};
 inline constexpr EnvVar kEnvOmpiSize{"OMPI_COMM_WORLD_SIZE", nullptr, "Open MPI's world size."};

@@ -13,10 +13,13 @@
 
 #include <torch/torch.h>
 
+#include <unistd.h>
+
 #include <chrono>
 #include <cstdio>
 #include <cstdlib>
 #include <string>
+#include <thread>
 
 #include <ddp/ddp.h>
 
@@ -35,11 +38,32 @@ void exit_point(const char* point, int rank) {
   }
 }
 
+// INIT_EXIT_WAIT_FOR=<file> (set, not empty): wait (at most 60 s) until <file> exists before
+// init_process_group, so that a test can start a rank early, while the
+// others load, and let it join at a moment of its choosing
+// (rendezvous_progress.sh: a process's start-up takes seconds on a loaded
+// machine, under ASan more).
+void wait_for_go_file() {
+  const char* path = std::getenv("INIT_EXIT_WAIT_FOR");
+  if (path == nullptr || *path == '\0') {
+    return;
+  }
+  const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(60);
+  while (::access(path, F_OK) != 0) {
+    if (std::chrono::steady_clock::now() > deadline) {
+      std::printf("init_exit: %s did not appear within 60 s\n", path);
+      std::exit(4);
+    }
+    std::this_thread::sleep_for(std::chrono::milliseconds(20));
+  }
+}
+
 } // namespace
 
 int main() {
   torch::set_num_threads(1);
   const int rank = env_int("RANK");
+  wait_for_go_file();
   try {
     auto group = ddp::init_process_group(ddp::InitOptions().timeout(std::chrono::seconds(4)));
     exit_point("first-collective", rank);

@@ -8,6 +8,7 @@
 
 #include <ddp/init.h>
 
+#include "comm/slurm_env.h"
 #include "testing/errors.h"
 
 namespace ddp {
@@ -18,7 +19,8 @@ using ddp::testing::error_of;
 const char* const kAllVars[] = {
     "RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT",
     "SLURM_PROCID", "SLURM_NTASKS", "SLURM_LOCALID", "SLURM_NTASKS_PER_NODE",
-    "OMPI_COMM_WORLD_RANK", "OMPI_COMM_WORLD_SIZE", "OMPI_COMM_WORLD_LOCAL_RANK",
+    "SLURM_STEP_TASKS_PER_NODE", "SLURM_NODEID", "SLURM_STEP_ID", "SLURM_JOB_ID",
+    "SLURM_STEP_NODELIST", "SLURM_JOB_NODELIST", "OMPI_COMM_WORLD_RANK", "OMPI_COMM_WORLD_SIZE", "OMPI_COMM_WORLD_LOCAL_RANK",
     "OMPI_COMM_WORLD_LOCAL_SIZE"};
 
 class InitTest : public ::testing::Test {
@@ -81,6 +83,7 @@ TEST_F(InitTest, TorchrunVariablesAreRead) {
 }
 
 TEST_F(InitTest, SlurmAndOpenMpiAreUnderstood) {
+  ::setenv("SLURM_STEP_ID", "0", 1); // a task of an srun step
   ::setenv("SLURM_PROCID", "2", 1);
   ::setenv("SLURM_NTASKS", "4", 1);
   ::setenv("SLURM_LOCALID", "0", 1);
@@ -102,6 +105,115 @@ TEST_F(InitTest, SlurmAndOpenMpiAreUnderstood) {
   EXPECT_EQ(info.source, "openmpi");
   EXPECT_EQ(info.rank, 1);
   EXPECT_EQ(info.local_rank, 1);
+}
+
+// The variables an sbatch -n2 script (the batch step) passes to what it
+// runs: they describe the allocation.
+void set_batch_step_variables() {
+  ::setenv("SLURM_JOB_ID", "4711", 1);
+  ::setenv("SLURM_PROCID", "0", 1);
+  ::setenv("SLURM_NTASKS", "2", 1);
+  ::setenv("SLURM_LOCALID", "0", 1);
+  ::setenv("SLURM_NODEID", "0", 1);
+  ::setenv("SLURM_JOB_NODELIST", "node[01-02]", 1);
+}
+
+TEST_F(InitTest, MpirunInsideAnAllocationGivesOpenMpisRanks) {
+  // sbatch -n2 with `mpirun -np 2 ./program` inside: Slurm's variables are
+  // the batch step's, the same on both processes; Open MPI's are the ranks.
+  set_batch_step_variables();
+  ::setenv("OMPI_COMM_WORLD_RANK", "1", 1);
+  ::setenv("OMPI_COMM_WORLD_SIZE", "2", 1);
+  ::setenv("OMPI_COMM_WORLD_LOCAL_RANK", "1", 1);
+  ::setenv("OMPI_COMM_WORLD_LOCAL_SIZE", "2", 1);
+  ::setenv("MASTER_ADDR", "127.0.0.1", 1);
+  ::setenv("MASTER_PORT", "29500", 1);
+  auto info = world_info_from_env();
+  EXPECT_EQ(info.source, "openmpi");
+  EXPECT_EQ(info.rank, 1);
+  EXPECT_EQ(info.local_rank, 1); // the GPU: not 0 on both
+  EXPECT_EQ(info.local_world_size, 2);
+  // Inside an srun step too (srun --mpi=pmix of a program that mpirun
+  // would start): Open MPI's variables, where set, agree with Slurm's.
+  ::setenv("SLURM_STEP_ID", "0", 1);
+  EXPECT_EQ(world_info_from_env().source, "openmpi");
+}
+
+TEST_F(InitTest, OutsideAnSrunStepSlurmsTasksAreNotRanks) {
+  set_batch_step_variables();
+  auto what = error_of([] { world_info_from_env(); });
+  EXPECT_NE(what.find("runs in Slurm job 4711 but not in an srun step (SLURM_STEP_ID is unset)"), std::string::npos)
+      << what;
+  EXPECT_NE(what.find("SLURM_NTASKS=2 counts the allocation's tasks"), std::string::npos) << what;
+  EXPECT_NE(what.find("Start the ranks with srun"), std::string::npos) << what;
+  // The batch step's own number (SLURM_BATCH_SCRIPT) is not an srun step.
+  ::setenv("SLURM_STEP_ID", "4294967291", 1);
+  what = error_of([] { world_info_from_env(); });
+  EXPECT_NE(what.find("(SLURM_STEP_ID is '4294967291', a batch or interactive step)"), std::string::npos) << what;
+  // One task allocated: the program is the whole job, as without Slurm.
+  ::setenv("SLURM_NTASKS", "1", 1);
+  EXPECT_EQ(world_info_from_env().source, "none");
+  // And RANK/WORLD_SIZE say what to do in every case.
+  ::setenv("SLURM_NTASKS", "2", 1);
+  ::setenv("RANK", "0", 1);
+  ::setenv("WORLD_SIZE", "1", 1);
+  EXPECT_EQ(world_info_from_env().world_size, 1);
+}
+
+TEST_F(InitTest, UnderSrunTheRendezvousComesFromTheJob) {
+  ::setenv("SLURM_STEP_ID", "3", 1);
+  ::setenv("SLURM_JOB_ID", "1234567", 1);
+  ::setenv("SLURM_PROCID", "3", 1);
+  ::setenv("SLURM_NTASKS", "5", 1);
+  ::setenv("SLURM_LOCALID", "1", 1);
+  ::setenv("SLURM_NODEID", "1", 1);
+  ::setenv("SLURM_STEP_TASKS_PER_NODE", "2(x2),1", 1);
+  ::setenv("SLURM_STEP_NODELIST", "gpu[07-09,12]", 1);
+  ::setenv("SLURM_JOB_NODELIST", "gpu[01-12]", 1);
+  auto info = world_info_from_env();
+  EXPECT_EQ(info.source, "slurm");
+  EXPECT_EQ(info.rank, 3);
+  EXPECT_EQ(info.world_size, 5);
+  EXPECT_EQ(info.local_rank, 1);
+  EXPECT_EQ(info.local_world_size, 2);
+  EXPECT_EQ(info.master_addr, "gpu07"); // the step's first host
+  EXPECT_EQ(info.master_port, 15000 + 4567);
+  // Explicit settings win.
+  ::setenv("MASTER_ADDR", "10.0.0.9", 1);
+  ::setenv("MASTER_PORT", "29400", 1);
+  info = world_info_from_env();
+  EXPECT_EQ(info.master_addr, "10.0.0.9");
+  EXPECT_EQ(info.master_port, 29400);
+  // Nothing to derive them from: the error names the variable in play.
+  for (const char* var : {"MASTER_ADDR", "MASTER_PORT", "SLURM_STEP_NODELIST", "SLURM_JOB_NODELIST",
+                          "SLURM_JOB_ID"}) {
+    ::unsetenv(var);
+  }
+  const auto what = error_of([] { world_info_from_env(); });
+  EXPECT_NE(what.find("the Slurm (srun) environment"), std::string::npos) << what;
+  EXPECT_NE(what.find("MASTER_ADDR is not set (needed when SLURM_NTASKS > 1"), std::string::npos) << what;
+}
+
+TEST(SlurmEnvTest, HostlistsAndTasksPerNode) {
+  using internal::first_slurm_host;
+  EXPECT_EQ(first_slurm_host("node01"), "node01");
+  EXPECT_EQ(first_slurm_host("node[01-04,07],gpu5"), "node01");
+  EXPECT_EQ(first_slurm_host("node[7,3-4]"), "node7");
+  EXPECT_EQ(first_slurm_host("rack[2-3]-n[07,9]"), "rack2-n07");
+  EXPECT_EQ(first_slurm_host("a,b"), "a");
+  EXPECT_EQ(first_slurm_host("node[01-04"), "");
+  EXPECT_EQ(first_slurm_host("node[x]"), "");
+  EXPECT_EQ(first_slurm_host("node]"), "");
+  using internal::slurm_tasks_on_node;
+  EXPECT_EQ(slurm_tasks_on_node("4", 0), 4);
+  EXPECT_EQ(slurm_tasks_on_node("2(x3),1", 2), 2);
+  EXPECT_EQ(slurm_tasks_on_node("2(x3),1", 3), 1);
+  EXPECT_EQ(slurm_tasks_on_node("2(x3),1", 4), std::nullopt);
+  EXPECT_EQ(slurm_tasks_on_node("2(x", 0), std::nullopt);
+  EXPECT_EQ(slurm_tasks_on_node("two", 0), std::nullopt);
+  EXPECT_EQ(slurm_tasks_on_node("3", -1), std::nullopt);
+  EXPECT_EQ(internal::slurm_master_port("42"), 15042);
+  EXPECT_EQ(internal::slurm_master_port("x"), 0);
 }
 
 TEST_F(InitTest, BadVariablesGetOneErrorListingFoundAndNeeded) {

@@ -21,10 +21,13 @@ python=$2
 work=$(mktemp -d "${TMPDIR:-/tmp}/ddp-rdzv-progress.XXXXXX")
 trap 'rm -rf "$work"' EXIT
 
-# start <dir> <port> <rank> <progress>: one rank of 2, in the background.
+# start <dir> <port> <rank> <progress> [go-file]: one rank of 2, in the
+# background; with a go-file, it loads and then waits for that file before
+# init_process_group (init_exit_main's INIT_EXIT_WAIT_FOR).
 start() {
   RANK=$3 LOCAL_RANK=$3 WORLD_SIZE=2 LOCAL_WORLD_SIZE=2 MASTER_ADDR=127.0.0.1 MASTER_PORT=$2 \
-    DDP_RENDEZVOUS_PROGRESS_S=$4 OMP_NUM_THREADS=1 timeout -s KILL 60 "$program" >"$1/$3.log" 2>&1 &
+    DDP_RENDEZVOUS_PROGRESS_S=$4 INIT_EXIT_WAIT_FOR=${5:-} OMP_NUM_THREADS=1 \
+    timeout -s KILL 60 "$program" >"$1/$3.log" 2>&1 &
 }
 
 lines() { grep -cE "$2" "$1" || true; }
@@ -32,13 +35,15 @@ lines() { grep -cE "$2" "$1" || true; }
 # late
 dir=$work/late; mkdir -p "$dir"; port=$(free_port "$python")
 start "$dir" "$port" 0 1; p0=$!
-# Rank 1 starts once rank 0 has said it waits (a process takes a moment to
-# load LibTorch, longer on a loaded machine), so it joins within the deadline.
-for ((i = 0; i < 100; i++)); do
+# Rank 1 starts with rank 0, loads LibTorch meanwhile (seconds on a loaded
+# machine, more under ASan), and joins once rank 0 has said it waits: well
+# within the 4 s deadline however slow the start-up.
+start "$dir" "$port" 1 1 "$dir/go"; p1=$!
+for ((i = 0; i < 300; i++)); do
   grep -q 'waiting for' "$dir/0.log" 2>/dev/null && break
   sleep 0.1
 done
-start "$dir" "$port" 1 1; p1=$!
+touch "$dir/go"
 wait $p0; rc0=$?; wait $p1; rc1=$?
 sed 's/^/  late rank 0: /' "$dir/0.log"
 check late test $rc0 -eq 0 -a $rc1 -eq 0 \
@@ -60,8 +65,9 @@ check missing test $rc0 -eq 3 \
 # off
 dir=$work/off; mkdir -p "$dir"; port=$(free_port "$python")
 start "$dir" "$port" 0 0; p0=$!
+start "$dir" "$port" 1 0 "$dir/go"; p1=$!
 sleep 1.5
-start "$dir" "$port" 1 0; p1=$!
+touch "$dir/go"
 wait $p0; rc0=$?; wait $p1; rc1=$?
 check off test $rc0 -eq 0 -a $rc1 -eq 0 -a "$(lines "$dir/0.log" 'waiting for')" = 0
 

@@ -90,7 +90,8 @@ TEST(TimelineTest, KeepsAStepRange) {
     timeline.complete(Timeline::kStepTrack, "forward", step * 1000, step * 1000 + 100);
   }
   std::set<int64_t> steps;
-  for (const json::Value* span : spans_of(parsed(timeline))) {
+  const json::Value trace = parsed(timeline); // outlives the pointers into it
+  for (const json::Value* span : spans_of(trace)) {
     steps.insert(span->find("args")->int_or("step", 0));
   }
   EXPECT_EQ(steps, (std::set<int64_t>{2, 3}));
