@@ -23,10 +23,13 @@
 // recorder of its own) and one timeline event (Note [Timeline], on a
 // timeline of its own), each the mean of a million, and counts what a
 // ToyModel step records (its collectives, from the recording group's record
-// numbers; its timeline events, at most 3 + 2 per bucket + 2 per collective).
+// numbers; its timeline events, at most 3 + 2 per bucket + 2 per collective),
+// and what an MLP step records.
 // Against the step's time in the same launch:
-//   flight_recorder_bench ... case=direct-cost step_us=412.3 record_us=0.31 collectives_per_step=1
+//   flight_recorder_bench ... case=direct-cost model=toy step_us=412.3 record_us=0.31 collectives_per_step=1
 //     recorder_ratio=1.0008 event_us=0.25 events_per_step=7 timeline_ratio=1.0042
+// and the same for bench/ddp_step_bench's 25M-parameter MLP (model=mlp; its
+// step the median of 3).
 //
 // Exits 1 if an operation fails, 2 on a bad command line.
 
@@ -83,6 +86,8 @@ Config parse_args(int argc, char** argv) {
   }
   return config;
 }
+
+using DdpModel = ddp::DistributedDataParallel;
 
 struct Variant {
   std::string name; // "on" or "off"
@@ -216,24 +221,60 @@ int main(int argc, char** argv) {
         }));
       }
     }
-    // What one ToyModel step records: its collectives (every rank steps).
-    const int64_t before = last_record_id();
-    variants[0].optimizer->zero_grad();
-    torch::mse_loss((*variants[0].model)(x), y).backward();
-    variants[0].optimizer->step();
-    const int64_t collectives = last_record_id() - before;
-    const int64_t buckets = static_cast<int64_t>((*variants[0].model)->bucket_layout().size());
+    // What one step records (its collectives, every rank steps) and how long
+    // it takes, for the ToyModel (its step time from the rounds above) and
+    // for bench/ddp_step_bench's 25M-parameter MLP (the median of 3 steps).
+    struct Counted {
+      const char* model;
+      double step_us;
+      int64_t collectives;
+      int64_t buckets;
+    };
+    const auto count = [&](DdpModel& model, torch::optim::SGD& optimizer, const torch::Tensor& in,
+                           const torch::Tensor& target) {
+      const int64_t before = last_record_id();
+      optimizer.zero_grad();
+      torch::mse_loss(model(in), target).backward();
+      optimizer.step();
+      return std::make_pair(last_record_id() - before, static_cast<int64_t>(model->bucket_layout().size()));
+    };
+    std::vector<Counted> counted;
+    const auto toy = count(*variants[0].model, *variants[0].optimizer, x, y);
+    counted.push_back({"toy", best(variants[1].step_us), toy.first, toy.second});
+    {
+      torch::manual_seed(0);
+      torch::nn::Sequential mlp;
+      for (int layer = 0; layer < 4; ++layer) {
+        mlp->push_back(torch::nn::Linear(2500, 2500));
+        if (layer < 3) {
+          mlp->push_back(torch::nn::ReLU());
+        }
+      }
+      DdpModel model(mlp, ddp::DistributedDataParallelOptions().process_group(on_group));
+      torch::optim::SGD optimizer(model->parameters(), torch::optim::SGDOptions(0.001));
+      const auto in = torch::randn({8, 2500});
+      const auto target = torch::randn({8, 2500});
+      count(model, optimizer, in, target); // warm-up: buckets rebuilt
+      const double step = median_us(3, [&] {
+        optimizer.zero_grad();
+        torch::mse_loss(model(in), target).backward();
+        optimizer.step();
+      });
+      const auto mlp_counts = count(model, optimizer, in, target);
+      counted.push_back({"mlp", step, mlp_counts.first, mlp_counts.second});
+    }
     if (world->rank() == 0) {
-      const double step = best(variants[1].step_us);
       const double record = record_us();
       const double event = event_us();
-      const int64_t events = 3 + 2 * buckets + 2 * collectives;
-      std::printf("flight_recorder_bench backend=%s world=%d case=direct-cost step_us=%.1f record_us=%.3f "
-                  "collectives_per_step=%lld recorder_ratio=%.4f event_us=%.3f events_per_step=%lld "
-                  "timeline_ratio=%.4f\n",
-                  world->backend_name().c_str(), world->size(), step, record, static_cast<long long>(collectives),
-                  1 + record * static_cast<double>(collectives) / step, event, static_cast<long long>(events),
-                  1 + event * static_cast<double>(events) / step);
+      for (const Counted& c : counted) {
+        const int64_t events = 3 + 2 * c.buckets + 2 * c.collectives;
+        std::printf("flight_recorder_bench backend=%s world=%d case=direct-cost model=%s step_us=%.1f "
+                    "record_us=%.3f collectives_per_step=%lld recorder_ratio=%.4f event_us=%.3f "
+                    "events_per_step=%lld timeline_ratio=%.4f\n",
+                    world->backend_name().c_str(), world->size(), c.model, c.step_us, record,
+                    static_cast<long long>(c.collectives), 1 + record * static_cast<double>(c.collectives) / c.step_us,
+                    event, static_cast<long long>(events), 1 + event * static_cast<double>(events) / c.step_us);
+      }
       for (const char* name : {"allreduce", "toy-step"}) {
         const bool step = std::string(name) == "toy-step";
         const double anchor = best(step ? variants[1].step_us : variants[1].allreduce_us);
