@@ -505,9 +505,10 @@ WorldInfo world_info_from_env() {
   }
   const auto tasks = env_get(kEnvSlurmNTasks);
   const auto job = env_get(kEnvSlurmJobId);
+  const auto step = env_get(kEnvSlurmStepId);
   DDP_CHECK(!job || !tasks || std::atoi(tasks->c_str()) <= 1, "init_process_group: this process runs in Slurm job ",
             *job, " but not in an srun step (SLURM_STEP_ID is ",
-            env_get(kEnvSlurmStepId) ? "'" + *env_get(kEnvSlurmStepId) + "', a batch or interactive step" : "unset",
+            step ? "'" + *step + "', a batch or interactive step" : "unset",
             "): it is the batch script or salloc's shell, where SLURM_NTASKS=", tasks.value_or(""),
             " counts the allocation's tasks, not processes of this program, so no other rank would "
             "join. Start the ranks with srun (srun ./program, each task a rank), mpirun, ddprun or "
