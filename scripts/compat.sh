@@ -13,8 +13,8 @@
 #          the wheel's PyTorch 2.11, so the reference is current PyTorch.
 #   cpu    the same LibTorch with -DDDP_WITH_NCCL=OFF, the build of a user who
 #          has no NCCL: everything, and the whole suite.
-#   all    cuda (but the tests of code that uses no LibTorch: $torch_free_tests
-#          below), then cpu reduced to what differs without NCCL: libddp.so,
+#   all    cuda (but the tests of code that uses no LibTorch, $torch_free_tests
+#          below, and the real-Slurm launcher cases, $launcher_tests), then cpu reduced to what differs without NCCL: libddp.so,
 #          ddprun, the example and the tests whose code depends on it
 #          ($cpu_tests below: backend choice and its errors, the installed
 #          package, a 2-rank job). Everything else compiles the same in both
@@ -70,6 +70,10 @@ readonly cpu_tests='^(init_test|install_consumer|toy_model_2_ranks)$'
 # against any LibTorch; scripts/test.sh, which .ci/run runs first, has run
 # them. `compat.sh cuda` alone runs them too.
 readonly torch_free_tests='^(store_test|tcp_store_test|tcp_store_bounds_test|file_store_test|ddprun_options_test|ddprun_test|flight_recorder_json_test)$'
+# And the launcher cases under a real Slurm (a minute): what they check is
+# the environment the launchers give and how init.cpp reads it, the same
+# against any LibTorch (init_test runs that code here too).
+readonly launcher_tests='^slurm_cases$'
 
 say() {
   echo "compat.sh: $*"
@@ -181,7 +185,7 @@ for config in "${configs[@]}"; do
     targets=($cpu_targets)
     filter=(-R "$cpu_tests")
   elif [[ ${#configs[@]} -gt 1 ]]; then
-    filter=(-E "$torch_free_tests")
+    filter=(-E "($torch_free_tests)|($launcher_tests)")
   fi
   say "[$config] building with $jobs jobs${targets[*]:+ (targets: ${targets[*]})}"
   if ! ninja -C "$build" -j"$jobs" "${targets[@]}"; then

@@ -31,8 +31,19 @@ set -euo pipefail
 # ccache: the build compiles through it (DDP_CCACHE in CMakeLists.txt), so
 # that another build tree of the same clone (the sanitizers') reuses this
 # one's objects.
-readonly packages=(libtorch-dev libgloo-dev libgtest-dev cmake ninja-build g++ python3-torch
-                   libopenmpi-dev openmpi-bin libopenblas0-openmp libblas3 ccache)
+packages=(libtorch-dev libgloo-dev libgtest-dev cmake ninja-build g++ python3-torch
+          libopenmpi-dev openmpi-bin libopenblas0-openmp libblas3 ccache)
+# The test suite's only: slurmctld, slurmd, slurm-client and munge for the
+# launcher cases under a real Slurm (tests/launch/slurm/: the test starts
+# its own daemons with its own configuration; on a machine with systemd,
+# Debian's packages also enable munge.service and slurmd.service, which do
+# nothing without an /etc/slurm/slurm.conf), iproute2 for its two-node
+# cluster's network namespaces. Installed when the build includes the
+# tests (DDP_BUILD_TARGETS=all, as scripts/test.sh sets it).
+if [[ " ${DDP_BUILD_TARGETS:-} " == *" all "* ]]; then
+  packages+=(slurmctld slurmd slurm-client munge iproute2)
+fi
+readonly packages
 # What the README's first command builds and runs (the rest is test.sh's).
 readonly default_targets="ddp ddprun allreduce_example toy_model mnist_train"
 

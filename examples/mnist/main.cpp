@@ -213,12 +213,19 @@ void remove_other_checkpoints(const std::string& dir, int64_t keep) {
 //
 // A launcher that restarts a failed job (ddprun --max-restarts N, torchrun
 // --max-restarts N) starts every rank again with the number of restarts so
-// far in DDP_RESTART_COUNT (ddprun) and TORCHELASTIC_RESTART_COUNT (both).
+// far in DDP_RESTART_COUNT (ddprun) and TORCHELASTIC_RESTART_COUNT (both);
+// Slurm sets SLURM_RESTART_COUNT in a requeued batch job (sbatch --requeue,
+// scontrol requeue, a node failure), and its srun steps inherit it. Their
+// sum is above 0 when any of them restarted the job (torchrun inside a
+// requeued Slurm job starts again at TORCHELASTIC_RESTART_COUNT=0).
 // When it is above 0 the job was restarted, and resumes from its newest
 // checkpoint as if --resume had been given.
 
 int64_t restart_count_from_env() {
-  for (const char* name : {"DDP_RESTART_COUNT", "TORCHELASTIC_RESTART_COUNT"}) {
+  int64_t restarts = 0;
+  // DDP_RESTART_COUNT and TORCHELASTIC_RESTART_COUNT are ddprun's one count.
+  bool counted_launcher = false;
+  for (const char* name : {"DDP_RESTART_COUNT", "TORCHELASTIC_RESTART_COUNT", "SLURM_RESTART_COUNT"}) {
     const char* value = std::getenv(name);
     if (value == nullptr || *value == '\0') {
       continue;
@@ -228,9 +235,13 @@ int64_t restart_count_from_env() {
     if (*end != '\0' || count < 0) {
       throw FlagError(std::string(name) + " must be an integer >= 0 (got '" + value + "')");
     }
-    return count;
+    const bool slurm = std::strcmp(name, "SLURM_RESTART_COUNT") == 0;
+    if (slurm || !counted_launcher) {
+      restarts += count;
+      counted_launcher = counted_launcher || !slurm;
+    }
   }
-  return 0;
+  return restarts;
 }
 
 // Tests only (tests/examples/run_mnist_train_test.sh, mode restart):

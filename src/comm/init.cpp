@@ -147,6 +147,8 @@ struct MasterDefaults {
   std::string addr;
   std::string addr_from; // the variable it was read from
   int port = 0;
+  // Appended to the problem when MASTER_ADDR or MASTER_PORT is missing.
+  std::string hint;
 };
 
 void read_master(EnvReport& report, WorldInfo& info, const char* size_name, const MasterDefaults& defaults) {
@@ -163,10 +165,11 @@ void read_master(EnvReport& report, WorldInfo& info, const char* size_name, cons
   if (info.world_size > 1 && !env_asks_for_mpi()) {
     if (!addr || addr->empty()) {
       report.problem(c10::str("MASTER_ADDR is not set (needed when ", size_name,
-                              " > 1; under mpirun or srun, DDP_BACKEND=mpi needs none)"));
+                              " > 1; under mpirun or srun, DDP_BACKEND=mpi needs none)", defaults.hint));
     }
     if (!port && !internal::env_get(internal::kEnvMasterPort)) {
-      report.problem(c10::str("MASTER_PORT is not set (needed when ", size_name, " > 1)"));
+      report.problem(c10::str("MASTER_PORT is not set (needed when ", size_name, " > 1)",
+                              addr && !addr->empty() ? defaults.hint : std::string()));
     }
   }
   info.master_addr = addr.value_or("");
@@ -478,8 +481,17 @@ WorldInfo world_info_from_env() {
   // Note [Launcher precedence] (slurm_env.cpp): mpirun's ranks before
   // Slurm's, and Slurm's only in an srun step.
   if (any_set({&kEnvOmpiRank, &kEnvOmpiSize})) {
+    MasterDefaults defaults;
+    if (env_get(kEnvSlurmJobId)) {
+      // mpirun passes no rendezvous address, and inside an allocation rank 0
+      // need not be on the first node (its --host, --map-by): no guess.
+      defaults.hint =
+          ". mpirun in a Slurm allocation: export MASTER_ADDR=$(scontrol show hostnames "
+          "\"$SLURM_JOB_NODELIST\" | head -n 1) and MASTER_PORT (a free port) before mpirun, or "
+          "start the ranks with srun instead (ddp derives both there), or use DDP_BACKEND=mpi";
+    }
     auto info = read_world("Open MPI", kEnvOmpiRank, kEnvOmpiSize, kEnvOmpiLocalRank,
-                           kEnvOmpiLocalSize);
+                           kEnvOmpiLocalSize, defaults);
     info.source = "openmpi";
     return info;
   }

@@ -119,4 +119,15 @@ int slurm_master_port(const std::string& job_id) {
   return 15000 + static_cast<int>(value % 10000);
 }
 
+std::string srun_without_pmix_warning() {
+  if (!in_srun_step() || env_get(kEnvPmixRank)) {
+    return "";
+  }
+  const auto type = env_get(kEnvSlurmMpiType);
+  return "srun started this task without PMIx (SLURM_MPI_TYPE=" + type.value_or("<unset>: --mpi=none") +
+         "). Open MPI's MPI_Init reaches srun only through PMIx unless it was built with Slurm's "
+         "PMI-1/PMI-2 (Debian's is not): if MPI_Init fails below, run srun --mpi=pmix (srun "
+         "--mpi=list shows the plugins), or set MpiDefault=pmix in slurm.conf";
+}
+
 } // namespace ddp::internal

@@ -28,4 +28,9 @@ std::optional<int> slurm_tasks_on_node(const std::string& tasks_per_node, int no
 // [15000, 24999]; 0 when `job_id` is not a number.
 int slurm_master_port(const std::string& job_id);
 
+// Before MPI_Init in an srun step that srun started without PMIx
+// (--mpi=pmi2 or none): what to do if MPI_Init fails, which it does with
+// an Open MPI built with PMIx only, as Debian's is. "" elsewhere.
+std::string srun_without_pmix_warning();
+
 } // namespace ddp::internal

@@ -61,6 +61,11 @@ inline constexpr EnvVar kEnvSlurmStepNodeList{"SLURM_STEP_NODELIST", nullptr,
     "MASTER_ADDR."};
 inline constexpr EnvVar kEnvSlurmJobNodeList{"SLURM_JOB_NODELIST", nullptr,
     "The job's hosts, used when SLURM_STEP_NODELIST is unset."};
+inline constexpr EnvVar kEnvSlurmMpiType{"SLURM_MPI_TYPE", nullptr,
+    "The MPI plugin of the srun step (srun --mpi, else MpiDefault): pmix, pmi2; unset for none. "
+    "Read only to explain an MPI_Init that fails under srun without PMIx."};
+inline constexpr EnvVar kEnvPmixRank{"PMIX_RANK", nullptr,
+    "Set by srun --mpi=pmix (and by mpirun): the PMIx server Open MPI's MPI_Init needs is there."};
 // Open MPI, used when neither torchrun's nor Slurm's variables are set.
 inline constexpr EnvVar kEnvOmpiRank{"OMPI_COMM_WORLD_RANK", nullptr, "Open MPI's global rank."};
 inline constexpr EnvVar kEnvOmpiSize{"OMPI_COMM_WORLD_SIZE", nullptr, "Open MPI's world size."};

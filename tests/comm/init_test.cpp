@@ -21,7 +21,7 @@ const char* const kAllVars[] = {
     "SLURM_PROCID", "SLURM_NTASKS", "SLURM_LOCALID", "SLURM_NTASKS_PER_NODE",
     "SLURM_STEP_TASKS_PER_NODE", "SLURM_NODEID", "SLURM_STEP_ID", "SLURM_JOB_ID",
     "SLURM_STEP_NODELIST", "SLURM_JOB_NODELIST", "OMPI_COMM_WORLD_RANK", "OMPI_COMM_WORLD_SIZE", "OMPI_COMM_WORLD_LOCAL_RANK",
-    "OMPI_COMM_WORLD_LOCAL_SIZE"};
+    "OMPI_COMM_WORLD_LOCAL_SIZE", "SLURM_MPI_TYPE", "PMIX_RANK"};
 
 class InitTest : public ::testing::Test {
  protected:
@@ -137,6 +137,45 @@ TEST_F(InitTest, MpirunInsideAnAllocationGivesOpenMpisRanks) {
   // would start): Open MPI's variables, where set, agree with Slurm's.
   ::setenv("SLURM_STEP_ID", "0", 1);
   EXPECT_EQ(world_info_from_env().source, "openmpi");
+}
+
+TEST_F(InitTest, MpirunInsideAnAllocationWithoutMasterSaysWhatToExport) {
+  // Gloo under mpirun needs the rendezvous address, which mpirun does not
+  // give; inside an allocation the error shows how to get one.
+  set_batch_step_variables();
+  ::setenv("OMPI_COMM_WORLD_RANK", "0", 1);
+  ::setenv("OMPI_COMM_WORLD_SIZE", "2", 1);
+  auto what = error_of([] { world_info_from_env(); });
+  EXPECT_NE(what.find("the Open MPI environment does not describe a valid world"), std::string::npos) << what;
+  EXPECT_NE(what.find("MASTER_ADDR is not set (needed when OMPI_COMM_WORLD_SIZE > 1; under mpirun or srun, "
+                      "DDP_BACKEND=mpi needs none). mpirun in a Slurm allocation: export "
+                      "MASTER_ADDR=$(scontrol show hostnames \"$SLURM_JOB_NODELIST\" | head -n 1)"),
+            std::string::npos)
+      << what;
+  // The hint once, not again for MASTER_PORT.
+  EXPECT_EQ(what.find("mpirun in a Slurm allocation"), what.rfind("mpirun in a Slurm allocation")) << what;
+  // Outside an allocation, no Slurm hint.
+  ::unsetenv("SLURM_JOB_ID");
+  what = error_of([] { world_info_from_env(); });
+  EXPECT_EQ(what.find("Slurm"), std::string::npos) << what;
+}
+
+TEST_F(InitTest, SrunWithoutPmixIsExplainedBeforeMpiInit) {
+  using internal::srun_without_pmix_warning;
+  EXPECT_EQ(srun_without_pmix_warning(), ""); // not under srun
+  ::setenv("SLURM_STEP_ID", "0", 1);
+  ::setenv("SLURM_MPI_TYPE", "pmi2", 1);
+  const auto warning = srun_without_pmix_warning();
+  EXPECT_NE(warning.find("srun started this task without PMIx (SLURM_MPI_TYPE=pmi2)"), std::string::npos)
+      << warning;
+  EXPECT_NE(warning.find("run srun --mpi=pmix"), std::string::npos) << warning;
+  ::unsetenv("SLURM_MPI_TYPE"); // --mpi=none
+  EXPECT_NE(srun_without_pmix_warning().find("(SLURM_MPI_TYPE=<unset>: --mpi=none)"), std::string::npos);
+  ::setenv("PMIX_RANK", "0", 1); // srun --mpi=pmix
+  EXPECT_EQ(srun_without_pmix_warning(), "");
+  ::unsetenv("PMIX_RANK");
+  ::setenv("SLURM_STEP_ID", "4294967291", 1); // the batch script
+  EXPECT_EQ(srun_without_pmix_warning(), "");
 }
 
 TEST_F(InitTest, OutsideAnSrunStepSlurmsTasksAreNotRanks) {

@@ -11,7 +11,9 @@
 
 #include <ddp/comm/error.h>
 
+#include "comm/slurm_env.h"
 #include "internal/check.h"
+#include "internal/logging.h"
 
 namespace ddp::internal::mpi {
 
@@ -121,6 +123,11 @@ MpiWorld ensure_mpi_initialized(const std::string& who) {
   MPI_Initialized(&initialized);
   int provided = MPI_THREAD_SINGLE;
   if (!initialized) {
+    // A failing MPI_Init aborts the process with the MPI library's own
+    // message: say first what is likely wrong.
+    if (const std::string warning = srun_without_pmix_warning(); !warning.empty()) {
+      log_warning(who + ": " + warning);
+    }
     const int rc = MPI_Init_thread(nullptr, nullptr, MPI_THREAD_MULTIPLE, &provided);
     DDP_CHECK(rc == MPI_SUCCESS, who, ": MPI_Init_thread failed: ", error_string(rc));
     state.initialized_by_us = true;
