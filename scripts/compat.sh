@@ -14,7 +14,8 @@
 #   cpu    the same LibTorch with -DDDP_WITH_NCCL=OFF, the build of a user who
 #          has no NCCL: everything, and the whole suite.
 #   all    cuda (but the tests of code that uses no LibTorch, $torch_free_tests
-#          below, and the real-Slurm launcher cases, $launcher_tests), then cpu reduced to what differs without NCCL: libddp.so,
+#          below, the real-Slurm launcher cases, $launcher_tests, and the CPU
+#          benchmarks with their smoke tests), then cpu reduced to what differs without NCCL: libddp.so,
 #          ddprun, the example and the tests whose code depends on it
 #          ($cpu_tests below: backend choice and its errors, the installed
 #          package, a 2-rank job). Everything else compiles the same in both
@@ -160,6 +161,11 @@ for config in "${configs[@]}"; do
   [[ $version == 2.11.0 ]] || build=$root/build-compat-$version-$config
   nccl=OFF
   [[ $config == cuda ]] && nccl=ON
+  # Under `all`, the CPU benchmarks (and their smoke tests) are left to the
+  # Debian build, which scripts/test.sh has built and run; the CUDA one
+  # still compiles and links here.
+  cpu_benchmarks=ON
+  [[ ${#configs[@]} -gt 1 ]] && cpu_benchmarks=OFF
   started=$(date +%s)
   say "[$config] configuring $build (LibTorch $version, DDP_WITH_NCCL=$nccl)"
   # The wheel's torch/ first in the prefix path: its lib/ must win over a
@@ -171,6 +177,7 @@ for config in "${configs[@]}"; do
       -DDDP_GLOO_SOURCE_DIR="$gloo_src" -DTORCH_CUDA_ARCH_LIST=9.0 \
       -DDDP_TEST_PYTHON="$venv/bin/python" \
       -DDDP_BUILD_TESTS=ON -DDDP_BUILD_EXAMPLES=ON -DDDP_BUILD_BENCHMARKS=ON \
+      -DDDP_BUILD_CPU_BENCHMARKS=$cpu_benchmarks \
       "${cuda_args[@]}" "${link_args[@]}" "${ccache_args[@]}" > "$build.configure.log" 2>&1; then
     cat "$build.configure.log"
     summary[$config]="configure FAILED"

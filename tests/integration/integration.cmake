@@ -26,3 +26,12 @@ foreach(mode static standalone c10d)
   set_tests_properties(toy_model_torchrun_${mode} PROPERTIES
     TIMEOUT 180 LABELS integration SKIP_RETURN_CODE 77)
 endforeach()
+
+# torchrun's elastic agent: two agents of one worker each, --nnodes 1:2 with
+# the c10d rendezvous, mnist_train resuming from its checkpoints when a node
+# is lost, when one joins, and after a crash (--max-restarts);
+# torchrun_elastic.sh says which checks. The same torchrun as above.
+add_test(NAME torchrun_elastic
+  COMMAND bash ${CMAKE_CURRENT_LIST_DIR}/torchrun_elastic.sh $<TARGET_FILE:mnist_train>
+    $<TARGET_FILE:ddprun> ${DDP_TEST_PYTHON} ${ddp_torchrun})
+set_tests_properties(torchrun_elastic PROPERTIES TIMEOUT 300 LABELS integration SKIP_RETURN_CODE 77)
