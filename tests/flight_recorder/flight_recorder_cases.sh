@@ -36,6 +36,7 @@
 set -uo pipefail
 . "$(dirname "$0")/../testing/free_port.sh"
 . "$(dirname "$0")/../testing/checks.sh"
+. "$(dirname "$0")/../testing/until_line.sh"
 program=$1
 ddprun=$2
 python=$3
@@ -62,15 +63,6 @@ run() {
       >"$dir/$r.log" 2>&1 &
     eval "p$r=\$!"
   done
-}
-# until_line <file> <regex>: waits (at most 30 s) for a line to appear.
-until_line() {
-  local i
-  for ((i = 0; i < 300; i++)); do
-    grep -qE "$2" "$1" 2>/dev/null && return 0
-    sleep 0.1
-  done
-  return 1
 }
 analyze() {
   "$ddprun" --analyze "$dir/fr" >"$dir/analysis.txt" 2>&1

@@ -34,6 +34,7 @@ set -uo pipefail
 here=$(cd "$(dirname "$0")" && pwd)
 . "$here/../testing/free_port.sh"
 . "$here/../testing/checks.sh"
+. "$here/../testing/until_line.sh"
 mnist_train=$1
 ddprun=$2
 python=$3
@@ -87,16 +88,6 @@ agent() {
     >"$work/$name-$node.log" 2>&1 &
   agent_pid=$!
   agents+=("$agent_pid")
-}
-# until_line <file> <regex> <seconds>
-until_line() {
-  local i
-  for ((i = 0; i < $3 * 10; i++)); do
-    grep -qE "$2" "$1" 2>/dev/null && return 0
-    sleep 0.1
-  done
-  echo "no line matching '$2' in $1 after $3 s"
-  return 1
 }
 # finish <pid> <seconds>: waits for an agent to exit (killing it after the
 # time); its exit code in $rc.

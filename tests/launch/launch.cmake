@@ -31,3 +31,8 @@ if(DDP_HAVE_MPI)
       $<TARGET_FILE:mnist_train> ${DDP_TEST_PYTHON} ${MPIEXEC_EXECUTABLE})
   set_tests_properties(slurm_cases PROPERTIES TIMEOUT 400 LABELS integration SKIP_RETURN_CODE 77)
 endif()
+
+# The environment Kubeflow's PyTorchJob gives each pod (pytorchjob_env.sh).
+add_test(NAME pytorchjob_env
+  COMMAND bash ${CMAKE_CURRENT_LIST_DIR}/pytorchjob_env.sh $<TARGET_FILE:toy_model> ${DDP_TEST_PYTHON})
+set_tests_properties(pytorchjob_env PROPERTIES TIMEOUT 60 LABELS integration)

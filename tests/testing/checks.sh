@@ -1,5 +1,6 @@
 # Sourced by the shell tests (expect_output.sh, run_blas_check_test.sh,
-# rendezvous_progress.sh, flight_recorder_cases.sh): a
+# rendezvous_progress.sh, flight_recorder_cases.sh, slurm_cases.sh,
+# torchrun_elastic.sh, pytorchjob_env.sh): a
 # named check and the count that the test prints at the end, so that a run
 # shows what it checked and how many of its checks passed.
 #

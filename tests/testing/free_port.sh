@@ -1,5 +1,6 @@
-# Sourced by the shell tests that start ranks without a launcher
-# (tests/comm/init_exit_sweep.sh, tests/comm/rendezvous_progress.sh).
+# Sourced by the shell tests that need a free port (tests/comm/init_exit_sweep.sh,
+# tests/comm/rendezvous_progress.sh, and the launcher tests: slurm_cases.sh's
+# daemons, torchrun_elastic.sh's rendezvous, pytorchjob_env.sh's master).
 #
 #   free_port PYTHON   prints a free TCP port below the kernel's ephemeral
 #                      range (32768 and up here), so that no socket of a test

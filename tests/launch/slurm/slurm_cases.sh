@@ -45,6 +45,7 @@ set -uo pipefail
 here=$(cd "$(dirname "$0")" && pwd)
 . "$here/../../testing/free_port.sh"
 . "$here/../../testing/checks.sh"
+. "$here/../../testing/until_line.sh"
 . "$here/slurm_cluster.sh"
 toy_model=$1
 mnist_train=$2
@@ -114,15 +115,6 @@ step() {
   rc=$?
   show "$name"
 }
-# until_line <case> <regex> <seconds>: waits for a line in its output.
-until_line() {
-  local i
-  for ((i = 0; i < $3 * 10; i++)); do
-    grep -qE "$2" "$work/$1.log" 2>/dev/null && return 0
-    sleep 0.1
-  done
-  return 1
-}
 now() { date +%s.%N; }
 # within <from> <to> <seconds>: to - from < seconds.
 within() {
@@ -188,7 +180,7 @@ rank1_pid=$work/rank1.pid
 timeout 120 srun -n2 bash -c "[ \"\$SLURM_PROCID\" = 1 ] && echo \$\$ >$rank1_pid; exec $mnist_train --epochs 50" \
   >"$work/killed-rank.log" 2>&1 &
 srun_pid=$!
-until_line killed-rank '^epoch 1/50 +step 10/' 60
+until_line "$work/killed-rank.log" '^epoch 1/50 +step 10/' 60
 t0=$(now)
 kill -9 "$(cat "$rank1_pid")"
 wait $srun_pid
@@ -204,7 +196,7 @@ check "killed-rank: rank 1 SIGKILLed mid-epoch; rank 0 stops within 15 s naming 
 DDP_RENDEZVOUS_PROGRESS_S=1 timeout 120 srun -n2 bash -c "[ \"\$SLURM_PROCID\" = 1 ] && exit 3; exec $toy_model" \
   >"$work/no-kill-on-exit.log" 2>&1 &
 srun_pid=$!
-until_line no-kill-on-exit 'init_process_group: waiting for rank 1 to join \(3 s of' 30
+until_line "$work/no-kill-on-exit.log" 'init_process_group: waiting for rank 1 to join \(3 s of' 30
 kill -0 $srun_pid 2>/dev/null
 still_running=$?
 kill -TERM $srun_pid
@@ -225,7 +217,7 @@ train="$mnist_train --epochs 4 --checkpoint-dir"
 step uninterrupted srun -n2 $train "$work/uninterrupted-ckpt"
 job_id=$(sbatch --parsable --requeue -n2 -o "$work/requeue.log" --open-mode=append \
   --wrap "srun $train $work/requeue-ckpt")
-until_line requeue '^epoch 1/4: train loss' 60
+until_line "$work/requeue.log" '^epoch 1/4: train loss' 60
 scontrol requeue "$job_id"
 # Slurm holds a requeued job for 2 minutes (its EligibleTime, squeue's
 # reason BeginTime); move that to 3 s from now once it waits for it. (Not
