@@ -132,7 +132,7 @@ check "srun-pmix-mpi: srun --mpi=pmix with DDP_BACKEND=mpi" \
 
 step srun-pmi2-mpi env DDP_BACKEND=mpi srun -n2 --mpi=pmi2 "$toy_model"
 check "srun-pmi2-mpi: without PMIx, ddp's warning names --mpi=pmix before MPI_Init fails" \
-  test $rc != 0 -a "$(count srun-pmi2-mpi 'srun started this task without PMIx \(SLURM_MPI_TYPE=pmi2\).*run srun --mpi=pmix')" = 2
+  test $rc != 0 -a "$(count srun-pmi2-mpi 'srun started this task without PMIx \(SLURM_MPI_TYPE=pmi2\).*run srun --mpi=pmix')" -ge 1
 
 # ---- sbatch -----------------------------------------------------------------------------
 port=$(free_port "$python")
@@ -162,8 +162,10 @@ check "salloc-mpirun-gloo: mpirun in salloc -n2 on Gloo, MASTER_* exported: Open
   test $rc = 0 -a "$(two_ranks salloc-mpirun-gloo gloo && echo y)" = y
 
 step salloc-mpirun-gloo-unset salloc -n2 "$mpirun" -np 2 "$toy_model"
-check "salloc-mpirun-gloo-unset: without MASTER_*, each rank says what to export" \
-  test $rc != 0 -a "$(count salloc-mpirun-gloo-unset 'MASTER_ADDR is not set .*mpirun in a Slurm allocation: export MASTER_ADDR=\$\(scontrol show hostnames')" = 2
+# (The first rank to fail makes mpirun stop the other, which may not have
+# printed its message yet.)
+check "salloc-mpirun-gloo-unset: without MASTER_*, the ranks say what to export" \
+  test $rc != 0 -a "$(count salloc-mpirun-gloo-unset 'MASTER_ADDR is not set .*mpirun in a Slurm allocation: export MASTER_ADDR=\$\(scontrol show hostnames')" -ge 1
 
 job sbatch-mpirun-mpi -n2 -- "DDP_BACKEND=mpi $mpirun -np 2 $toy_model"
 check "sbatch-mpirun-mpi: mpirun in an sbatch -n2 script, DDP_BACKEND=mpi" \
@@ -225,7 +227,7 @@ scontrol requeue "$job_id"
 # revoked", and the job ends.)
 state=
 moved=
-for ((i = 0; i < 300; i++)); do
+for ((i = 0; i < 600; i++)); do
   state=$(squeue -h -j "$job_id" -o %T:%r 2>&1)
   case $state in
     PENDING:BeginTime) [[ -n $moved ]] || { scontrol update JobId="$job_id" StartTime=now+3 && moved=y; } ;;
@@ -233,7 +235,7 @@ for ((i = 0; i < 300; i++)); do
   esac
   sleep 0.1
 done
-[[ $state == restarted ]] || echo "requeue: the job did not start again within 30 s (squeue: $state)"
+[[ $state == restarted ]] || echo "requeue: the job did not start again within 60 s (squeue: $state)"
 slurm_wait_job "$job_id" 120
 show requeue
 final=$(grep -E '^final parameters: checksum' "$work/uninterrupted.log")

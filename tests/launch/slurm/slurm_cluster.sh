@@ -145,6 +145,8 @@ MpiDefault=none
 ReturnToService=2
 SlurmdParameters=config_overrides
 SchedulerType=sched/builtin
+# Start a job whose begin time has come within 2 s, not at the next 60 s pass.
+SchedulerParameters=sched_interval=2
 JobCompType=jobcomp/none
 AccountingStorageType=accounting_storage/none
 KillWait=2
