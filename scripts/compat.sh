@@ -14,8 +14,9 @@
 #   cpu    the same LibTorch with -DDDP_WITH_NCCL=OFF, the build of a user who
 #          has no NCCL: everything, and the whole suite.
 #   all    cuda (but the tests of code that uses no LibTorch, $torch_free_tests
-#          below, the real-Slurm launcher cases, $launcher_tests, and the CPU
-#          benchmarks with their smoke tests), then cpu reduced to what differs without NCCL: libddp.so,
+#          below, the real-Slurm launcher cases, $launcher_tests, repeats at
+#          other sizes, $repeat_tests, and the CPU benchmarks with their smoke
+#          tests), then cpu reduced to what differs without NCCL: libddp.so,
 #          ddprun, the example and the tests whose code depends on it
 #          ($cpu_tests below: backend choice and its errors, the installed
 #          package, a 2-rank job). Everything else compiles the same in both
@@ -75,6 +76,14 @@ readonly torch_free_tests='^(store_test|tcp_store_test|tcp_store_bounds_test|fil
 # the environment the launchers give and how init.cpp reads it, the same
 # against any LibTorch (init_test runs that code here too).
 readonly launcher_tests='^slurm_cases$'
+# And repeats of programs that this run already runs at another size or in
+# another mode (as scripts/sanitize.sh's ASAN_SKIPPED): the MPI group at 3
+# and 4 ranks (2 stays), ZeRO at 3 ranks (2 stays, and zero_mpi_2_ranks),
+# the MNIST example's ZeRO, PowerSGD and IDX runs (accuracy, resume and
+# restart stay), and the sweep of exits during start-up (init_test and
+# gloo_reinit_test stay). scripts/test.sh has run them all against 1.13;
+# about 2 minutes of this run's test time (2026-11-26).
+readonly repeat_tests='^(process_group_mpi_test_[34]_ranks|zero_(mpi_)?3_ranks|mnist_train_(zero1|powersgd|idx)|init_exit_sweep)$'
 
 say() {
   echo "compat.sh: $*"
@@ -192,7 +201,7 @@ for config in "${configs[@]}"; do
     targets=($cpu_targets)
     filter=(-R "$cpu_tests")
   elif [[ ${#configs[@]} -gt 1 ]]; then
-    filter=(-E "($torch_free_tests)|($launcher_tests)")
+    filter=(-E "($torch_free_tests)|($launcher_tests)|($repeat_tests)")
   fi
   say "[$config] building with $jobs jobs${targets[*]:+ (targets: ${targets[*]})}"
   if ! ninja -C "$build" -j"$jobs" "${targets[@]}"; then

@@ -85,8 +85,8 @@ elseif(DDP_NCCL_SYNTAX_CHECK_SKIP_REASON STREQUAL "")
   endif()
 
   # The compiles produce no object file, so they run every time the target
-  # is built; `ddp_nccl_syntax_check` is their umbrella (tests/gpu/gpu.cmake
-  # adds the GPU tests' sources to it).
+  # is built; `ddp_nccl_syntax_check` is their umbrella (the GPU tests'
+  # sources are compiled by the CUDA configuration only: tests/gpu/gpu.cmake).
   add_library(ddp_nccl_syntax_check_sources OBJECT EXCLUDE_FROM_ALL
     ${DDP_NCCL_SOURCES} src/comm/init.cpp)
   target_include_directories(ddp_nccl_syntax_check_sources PRIVATE
