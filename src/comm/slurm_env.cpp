@@ -124,7 +124,8 @@ std::string srun_without_pmix_warning() {
     return "";
   }
   const auto type = env_get(kEnvSlurmMpiType);
-  return "srun started this task without PMIx (SLURM_MPI_TYPE=" + type.value_or("<unset>: --mpi=none") +
+  return "srun started this task (SLURM_PROCID=" + env_get(kEnvSlurmProcId).value_or("<unset>") +
+         ") without PMIx (SLURM_MPI_TYPE=" + type.value_or("<unset>: --mpi=none") +
          "). Open MPI's MPI_Init reaches srun only through PMIx unless it was built with Slurm's "
          "PMI-1/PMI-2 (Debian's is not): if MPI_Init fails below, run srun --mpi=pmix (srun "
          "--mpi=list shows the plugins), or set MpiDefault=pmix in slurm.conf";

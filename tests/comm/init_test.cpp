@@ -164,9 +164,11 @@ TEST_F(InitTest, SrunWithoutPmixIsExplainedBeforeMpiInit) {
   using internal::srun_without_pmix_warning;
   EXPECT_EQ(srun_without_pmix_warning(), ""); // not under srun
   ::setenv("SLURM_STEP_ID", "0", 1);
+  ::setenv("SLURM_PROCID", "1", 1);
   ::setenv("SLURM_MPI_TYPE", "pmi2", 1);
   const auto warning = srun_without_pmix_warning();
-  EXPECT_NE(warning.find("srun started this task without PMIx (SLURM_MPI_TYPE=pmi2)"), std::string::npos)
+  EXPECT_NE(warning.find("srun started this task (SLURM_PROCID=1) without PMIx (SLURM_MPI_TYPE=pmi2)"),
+            std::string::npos)
       << warning;
   EXPECT_NE(warning.find("run srun --mpi=pmix"), std::string::npos) << warning;
   ::unsetenv("SLURM_MPI_TYPE"); // --mpi=none

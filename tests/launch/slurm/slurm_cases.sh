@@ -132,7 +132,7 @@ check "srun-pmix-mpi: srun --mpi=pmix with DDP_BACKEND=mpi" \
 
 step srun-pmi2-mpi env DDP_BACKEND=mpi srun -n2 --mpi=pmi2 "$toy_model"
 check "srun-pmi2-mpi: without PMIx, ddp's warning names --mpi=pmix before MPI_Init fails" \
-  test $rc != 0 -a "$(count srun-pmi2-mpi 'srun started this task without PMIx \(SLURM_MPI_TYPE=pmi2\).*run srun --mpi=pmix')" -ge 1
+  test $rc != 0 -a "$(count srun-pmi2-mpi 'srun started this task \(SLURM_PROCID=[01]\) without PMIx \(SLURM_MPI_TYPE=pmi2\).*run srun --mpi=pmix')" -ge 1
 
 # ---- sbatch -----------------------------------------------------------------------------
 port=$(free_port "$python")
