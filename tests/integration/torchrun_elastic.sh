@@ -110,6 +110,18 @@ took() { # <case>: how long it took, for the log
 show() {
   grep -vE '^epoch [0-9]+/[0-9]+ +step |^\[?[IW][0-9]{4} ' "$work/$1.log" | sed "s/^/  $1: /"
 }
+# both_end <case>: waits for the case's agents $a and $b (A's exit code in
+# $rc_a, B's in $rc), then shows both logs.
+both_end() {
+  finish "$a" 120
+  rc_a=$rc
+  finish "$b" 60
+  took "$1"
+  show "$1-A"
+  show "$1-B"
+}
+# in_both <case> <regex>: lines of either agent's log that match.
+in_both() { cat "$work/$1"-?.log | grep -cE "$2"; }
 
 # ---- node-lost --------------------------------------------------------------------------
 port=$(free_port "$python")
@@ -144,17 +156,12 @@ until_line "$work/node-joins-A.log" '^epoch 1/10: ' 60
 agent node-joins B --max_restarts 3
 b=$agent_pid
 unset TORCH_DISABLE_SHARE_RDZV_TCP_STORE
-finish "$a" 120
-rc_a=$rc
-finish "$b" 60
-took node-joins
-show node-joins-A
-show node-joins-B
+both_end node-joins
 check "node-joins: A trains alone; B joins; both resume at world size 2 and finish" \
   test $rc_a = 0 -a $rc = 0 -a "$(count "$work/node-joins-A.log" '^mnist_train: 1 rank on cpu')" = 1 \
-  -a "$(cat "$work"/node-joins-?.log | grep -cE '^mnist_train: 2 ranks on cpu')" = 1 \
-  -a "$(cat "$work"/node-joins-?.log | grep -cE '^mnist_train: note: the checkpoint was made with 1 ranks, batch 64, seed 1; this run has 2 ranks')" = 1 \
-  -a "$(cat "$work"/node-joins-?.log | grep -cE '^final parameters: checksum [0-9a-f]+ \(21840 values\); they agree across 2 ranks ')" = 1
+  -a "$(in_both node-joins '^mnist_train: 2 ranks on cpu')" = 1 \
+  -a "$(in_both node-joins '^mnist_train: note: the checkpoint was made with 1 ranks, batch 64, seed 1; this run has 2 ranks')" = 1 \
+  -a "$(in_both node-joins '^final parameters: checksum [0-9a-f]+ \(21840 values\); they agree across 2 ranks ')" = 1
 
 # ---- max-restarts -----------------------------------------------------------------------
 train=(--train-size 2000 --epochs 4 --resume)
@@ -169,18 +176,12 @@ a=$agent_pid
 agent max-restarts B --max_restarts 1
 b=$agent_pid
 unset MNIST_TRAIN_TEST_CRASH
-finish "$a" 120
-rc_a=$rc
-finish "$b" 60
-took max-restarts
-show max-restarts-A
-show max-restarts-B
-both() { cat "$work"/max-restarts-?.log | grep -cE "$1"; }
+both_end max-restarts
 check "max-restarts: a worker's crash restarts both nodes' workers, which resume to the uninterrupted run's parameters" \
   test -n "$final" -a $rc_a = 0 -a $rc = 0 \
-  -a "$(both '^mnist_train: rank 1 kills itself after epoch 2 step 5')" = 1 \
-  -a "$(both '^mnist_train: the launcher restarted the job \(restart 1\): resuming from the newest checkpoint')" = 1 \
-  -a "$(both '^mnist_train: resumed from .*/epoch-1\.pt: 1 of 4 epochs done$')" = 1 \
+  -a "$(in_both max-restarts '^mnist_train: rank 1 kills itself after epoch 2 step 5')" = 1 \
+  -a "$(in_both max-restarts '^mnist_train: the launcher restarted the job \(restart 1\): resuming from the newest checkpoint')" = 1 \
+  -a "$(in_both max-restarts '^mnist_train: resumed from .*/epoch-1\.pt: 1 of 4 epochs done$')" = 1 \
   -a "$(cat "$work"/max-restarts-?.log | grep -cF "$final")" = 1
 
 checks_summary torchrun_elastic
