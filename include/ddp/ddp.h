@@ -23,6 +23,7 @@
 #include <ddp/nn/checkpoint.h>
 #include <ddp/nn/comm_hooks.h>
 #include <ddp/nn/distributed_data_parallel.h>
+#include <ddp/nn/fully_sharded_data_parallel.h>
 #include <ddp/nn/insight.h>
 #include <ddp/nn/join.h>
 #include <ddp/nn/powersgd_hook.h>

@@ -1,0 +1,241 @@
+// One unit's flat parameter: sharding, gathering, freeing and the gradient
+// reduction. See the narrative in flat_unit.h.
+
+#include "fsdp/flat_unit.h"
+
+#include <torch/csrc/autograd/utils/lambda_post_hook.h>
+#include <torch/torch.h>
+
+#include <utility>
+
+#include "internal/check.h"
+
+namespace ddp::fsdp {
+
+// Note [Refilled storage]: autograd keeps, from a unit's forward to its
+// backward, tensors that view the gathered parameters (a Linear's
+// `weight.t()`); they hold `full`'s StorageImpl, not the parameter. Freeing
+// `full` by dropping the tensor would leave that memory alive in the graph
+// (no saving at all); instead the StorageImpl stays and only its memory
+// goes (data pointer null, 0 bytes), and the gather before backward
+// allocates new memory into the same StorageImpl and fills it with the
+// same values. Writes into `full` bump `full`'s version counter only; the
+// parameters and the views autograd saved have their own.
+
+FlatUnit::FlatUnit(std::string label, std::vector<FlatEntry> entries, const UnitConfig& config)
+    : label_(std::move(label)), entries_(std::move(entries)), config_(config) {
+  DDP_INTERNAL_ASSERT(!entries_.empty(), "a unit without parameters");
+  if (config_.shard_group) {
+    shard_world_ = config_.shard_group->size();
+    shard_rank_ = config_.shard_group->rank();
+  }
+  const at::Tensor& first = entries_.front().param;
+  for (auto& entry : entries_) {
+    DDP_CHECK(entry.param.scalar_type() == first.scalar_type() && entry.param.device() == first.device(),
+              config_.who, ": unit ", label_, " holds parameters of different dtypes or devices (",
+              entries_.front().name, ": ", first.scalar_type(), " on ", first.device(), "; ", entry.name, ": ",
+              entry.param.scalar_type(), " on ", entry.param.device(),
+              "); make them one, or put them in different units");
+    DDP_CHECK(entry.param.requires_grad() == first.requires_grad(), config_.who, ": unit ", label_,
+              " mixes frozen and trainable parameters (", entries_.front().name, " requires_grad=",
+              first.requires_grad(), ", ", entry.name, " requires_grad=", entry.param.requires_grad(),
+              "); put the frozen ones in a unit of their own");
+    entry.shape = entry.param.sizes().vec();
+    entry.numel = entry.param.numel();
+    entry.offset = total_numel_;
+    total_numel_ += entry.numel;
+  }
+  shard_numel_ = (total_numel_ + shard_world_ - 1) / shard_world_;
+  compute_dtype_ = config_.param_dtype.value_or(first.scalar_type());
+  reduce_dtype_ = config_.reduce_dtype.value_or(compute_dtype_);
+
+  torch::NoGradGuard no_grad;
+  auto flat = torch::zeros({padded_numel()}, first.options().requires_grad(false));
+  for (const auto& entry : entries_) {
+    flat.narrow(0, entry.offset, entry.numel).copy_(entry.param.detach().reshape({-1}));
+  }
+  shard_ = flat.narrow(0, shard_rank_ * shard_numel_, shard_numel_).clone();
+  shard_.set_requires_grad(first.requires_grad());
+  full_ = torch::empty({padded_numel()}, first.options().dtype(compute_dtype_).requires_grad(false));
+  empty_ = torch::empty({0}, full_.options());
+  free_full();
+}
+
+FlatUnit::~FlatUnit() {
+  for (size_t i = 0; i < accumulators_.size(); ++i) {
+    if (accumulators_[i]) {
+      accumulators_[i]->del_post_hook(hook_keys_[i]);
+    }
+  }
+}
+
+void FlatUnit::allocate_full() {
+  auto* storage = full_.storage().unsafeGetStorageImpl();
+  const size_t bytes = static_cast<size_t>(padded_numel()) * full_.element_size();
+  if (storage->nbytes() == bytes && storage->data() != nullptr) {
+    return;
+  }
+  storage->set_data_ptr_noswap(storage->allocator()->allocate(bytes));
+  storage->set_nbytes(bytes);
+}
+
+void FlatUnit::release_full() {
+  auto* storage = full_.storage().unsafeGetStorageImpl();
+  storage->set_data_ptr_noswap(at::DataPtr(nullptr, full_.device()));
+  storage->set_nbytes(0);
+}
+
+void FlatUnit::point_params_at_full() {
+  torch::NoGradGuard no_grad;
+  for (auto& entry : entries_) {
+    entry.param.set_data(full_.narrow(0, entry.offset, entry.numel).view(entry.shape));
+  }
+}
+
+void FlatUnit::start_gather() {
+  if (state_ == State::kGathering) {
+    return;
+  }
+  torch::NoGradGuard no_grad;
+  allocate_full();
+  gather_input_ = shard_.detach();
+  if (gather_input_.scalar_type() != compute_dtype_) {
+    gather_input_ = gather_input_.to(compute_dtype_);
+  }
+  if (shard_world_ == 1) {
+    full_.copy_(gather_input_);
+    gather_work_.reset();
+  } else {
+    gather_work_ = config_.shard_group->allgather_into_tensor(full_, gather_input_);
+  }
+  state_ = State::kGathering;
+  stale_ = false;
+}
+
+void FlatUnit::wait_gather() {
+  if (state_ != State::kGathering) {
+    return;
+  }
+  if (gather_work_) {
+    auto work = std::move(gather_work_);
+    work->wait();
+  }
+  gather_input_ = at::Tensor();
+  point_params_at_full();
+  state_ = State::kGathered;
+}
+
+void FlatUnit::ensure_gathered() {
+  if (state_ == State::kSharded || stale_) {
+    start_gather();
+  }
+  wait_gather();
+}
+
+void FlatUnit::free_full() {
+  wait_gather();
+  for (auto& entry : entries_) {
+    entry.param.set_data(empty_);
+  }
+  release_full();
+  state_ = State::kSharded;
+}
+
+void FlatUnit::hook_gradients(std::function<void()> on_ready) {
+  on_ready_ = std::move(on_ready);
+  accumulators_.resize(entries_.size());
+  hook_keys_.resize(entries_.size());
+  for (size_t i = 0; i < entries_.size(); ++i) {
+    const at::Tensor& param = entries_[i].param;
+    if (!param.requires_grad()) {
+      continue;
+    }
+    // Created here, with the gathered shape and dtype, if the parameter has
+    // none; kept alive by accumulators_ from then on, so autograd reuses it.
+    auto accumulator = torch::autograd::impl::grad_accumulator(param);
+    if (accumulator == accumulators_[i]) {
+      continue;
+    }
+    if (accumulators_[i]) {
+      accumulators_[i]->del_post_hook(hook_keys_[i]);
+    }
+    // Runs on the autograd engine's thread; `this` outlives the hook, which
+    // the destructor removes.
+    hook_keys_[i] = accumulator->add_post_hook(std::make_unique<torch::autograd::utils::LambdaPostHook>(
+        [this](const torch::autograd::variable_list& outputs, const torch::autograd::variable_list&) {
+          if (++grads_seen_ == entries_.size() && on_ready_) {
+            on_ready_();
+          }
+          return outputs;
+        }));
+    accumulators_[i] = std::move(accumulator);
+  }
+}
+
+void FlatUnit::start_reduce() {
+  DDP_INTERNAL_ASSERT(!reduce_out_.defined(), "unit ", label_, " reduced twice in one backward");
+  torch::NoGradGuard no_grad;
+  reduce_in_ = torch::zeros({padded_numel()}, full_.options().dtype(reduce_dtype_));
+  for (auto& entry : entries_) {
+    at::Tensor& grad = entry.param.mutable_grad();
+    if (grad.defined()) {
+      reduce_in_.narrow(0, entry.offset, entry.numel).copy_(grad.reshape({-1}));
+      grad = at::Tensor();
+    }
+  }
+  if (config_.predivide != 1) {
+    reduce_in_.div_(config_.predivide);
+  }
+  if (shard_world_ == 1) {
+    reduce_out_ = reduce_in_;
+    reduce_work_.reset();
+  } else {
+    reduce_out_ = torch::empty({shard_numel_}, reduce_in_.options());
+    reduce_work_ =
+        config_.shard_group->reduce_scatter(reduce_out_, reduce_in_.split(shard_numel_), ReduceScatterOptions{});
+  }
+}
+
+void FlatUnit::finish_reduce() {
+  if (!reduce_out_.defined()) {
+    return;
+  }
+  torch::NoGradGuard no_grad;
+  if (reduce_work_) {
+    auto work = std::move(reduce_work_);
+    work->wait();
+  }
+  at::Tensor reduced = std::move(reduce_out_);
+  reduce_out_ = at::Tensor();
+  reduce_in_ = at::Tensor();
+  if (config_.replicate_group && config_.replicate_group->size() > 1) {
+    config_.replicate_group->allreduce(reduced)->wait();
+  }
+  if (config_.postdivide != 1) {
+    reduced.div_(config_.postdivide);
+  }
+  at::Tensor& grad = shard_.mutable_grad();
+  if (grad.defined()) {
+    grad.add_(reduced.to(grad.scalar_type()));
+  } else {
+    grad = reduced.to(shard_.scalar_type());
+  }
+}
+
+at::Tensor FlatUnit::gather_full_copy() {
+  torch::NoGradGuard no_grad;
+  if (shard_world_ == 1) {
+    return shard_.detach().clone();
+  }
+  auto full = torch::empty({padded_numel()}, shard_.options().requires_grad(false));
+  config_.shard_group->allgather_into_tensor(full, shard_.detach())->wait();
+  return full;
+}
+
+void FlatUnit::load_full(const at::Tensor& full_flat) {
+  torch::NoGradGuard no_grad;
+  shard_.copy_(full_flat.narrow(0, shard_rank_ * shard_numel_, shard_numel_));
+  stale_ = true;
+}
+
+} // namespace ddp::fsdp

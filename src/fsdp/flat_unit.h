@@ -1,0 +1,157 @@
+#pragma once
+
+// One unit of FullyShardedDataParallel: its parameters flattened into one
+// padded buffer, of which this rank keeps one shard (private header).
+//
+// How it works. The unit's parameters p_0 .. p_k-1 (T elements in all) are
+// laid end to end and padded to W * S elements, S = ceil(T / W), W the
+// shard group's size. Rank r keeps elements [r * S, (r + 1) * S) in
+// `shard`, the tensor the optimizer steps (registered on the FSDP module).
+// Gathering allocates `full` (W * S elements, in the compute dtype) and
+// all-gathers every rank's shard into it; the parameters are then pointed
+// (set_data) at views of `full`, so that the wrapped modules compute with
+// them unchanged. Freeing points the parameters at empty tensors and drops
+// `full`'s memory while keeping its storage object: the views that autograd
+// saved during forward (a Linear saves `weight.t()`) see the memory again
+// when the next gather refills the same storage before backward. See
+// Note [Refilled storage].
+//
+// Worked example, W = 2, a Linear(3, 2): weight 6 elements, bias 2, T = 8,
+// S = 4: rank 0 keeps weight[0..3], rank 1 weight[4..5] and the bias. A
+// Linear(4, 1) has T = 5: S = 3, and rank 1's last element is padding,
+// which stays zero (its gradient is always zero).
+//
+// Gradients: each parameter's AccumulateGrad gets a post hook; when every
+// parameter of the unit has its gradient, the unit is ready and its owner
+// (the FSDP state) starts `start_reduce`: the gradients are copied into one
+// flat buffer (zeros where a parameter got none, and in the padding),
+// divided by the pre-divide factor, and reduce-scattered, asynchronously;
+// `finish_reduce` waits, all-reduces across the replicate group (hybrid
+// and no-shard), applies the post-divide factor and adds the result to
+// `shard`'s gradient.
+//
+// Thread-safety: none; used from the training thread and the autograd
+// engine's thread, which do not run at the same time.
+
+#include <ATen/core/Tensor.h>
+#include <torch/csrc/autograd/function.h>
+
+#include <cstdint>
+#include <functional>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include <ddp/comm/process_group.h>
+
+#include "internal/torch_compat.h"
+
+namespace ddp::fsdp {
+
+// What every unit of one FSDP module shares.
+struct UnitConfig {
+  std::string who; // "[rank R/W] FullyShardedDataParallel"
+  // The group parameters are sharded over; nullptr: this rank alone.
+  std::shared_ptr<ProcessGroup> shard_group;
+  // The group gradients are all-reduced over after the reduce-scatter;
+  // nullptr: none.
+  std::shared_ptr<ProcessGroup> replicate_group;
+  c10::optional<at::ScalarType> param_dtype;
+  c10::optional<at::ScalarType> reduce_dtype;
+  double predivide = 1;
+  double postdivide = 1;
+};
+
+// One parameter's place in the flat buffer.
+struct FlatEntry {
+  std::string name; // the first name under which the module holds it
+  at::Tensor param; // the module's own tensor (its TensorImpl is kept)
+  std::vector<int64_t> shape;
+  int64_t offset = 0;
+  int64_t numel = 0;
+};
+
+class FlatUnit {
+ public:
+  enum class State { kSharded, kGathering, kGathered };
+
+  // Takes `params` (distinct tensors, one dtype and device) and keeps this
+  // rank's shard of their current values; the parameters are left empty.
+  FlatUnit(std::string label, std::vector<FlatEntry> entries, const UnitConfig& config);
+  ~FlatUnit();
+  FlatUnit(const FlatUnit&) = delete;
+  FlatUnit& operator=(const FlatUnit&) = delete;
+
+  const std::string& label() const { return label_; }
+  const std::vector<FlatEntry>& entries() const { return entries_; }
+  at::Tensor& shard() { return shard_; }
+  int64_t shard_numel() const { return shard_numel_; }
+  int64_t padded_numel() const { return shard_numel_ * shard_world_; }
+  State state() const { return state_; }
+
+  // Starts gathering into `full` (refilling it when already gathered but
+  // stale). Asynchronous; `wait_gather` finishes it.
+  void start_gather();
+  // Finishes a gather, and points the parameters at views of `full`.
+  void wait_gather();
+  // Gathered and up to date with the shard, whatever the state was.
+  void ensure_gathered();
+  // The shard changed (an optimizer step, a load): the next use re-gathers.
+  void mark_stale() { stale_ = true; }
+  bool fresh() const { return state_ != State::kSharded && !stale_; }
+  // Points the parameters at empty tensors and releases `full`'s memory.
+  void free_full();
+
+  // Hooks every parameter's gradient accumulator (again where autograd
+  // replaced it); `on_ready` runs on the autograd thread once every
+  // parameter of the unit has its gradient in a backward pass.
+  void hook_gradients(std::function<void()> on_ready);
+  void reset_backward() { grads_seen_ = 0; }
+
+  // Copies the parameters' gradients into a flat buffer, drops them, and
+  // starts the reduce-scatter. See the narrative above.
+  void start_reduce();
+  // Waits for the reduction and adds it to the shard's gradient.
+  void finish_reduce();
+  bool reducing() const { return static_cast<bool>(reduce_out_.defined()); }
+
+  // The whole unit, in the shard's dtype, gathered from every rank's shard:
+  // a collective over the shard group.
+  at::Tensor gather_full_copy();
+  // Sets the shard from the full values (padded_numel() elements).
+  void load_full(const at::Tensor& full_flat);
+
+ private:
+  void allocate_full();
+  void release_full();
+  void point_params_at_full();
+
+  std::string label_;
+  std::vector<FlatEntry> entries_;
+  UnitConfig config_;
+  int shard_world_ = 1;
+  int shard_rank_ = 0;
+  int64_t total_numel_ = 0;
+  int64_t shard_numel_ = 0;
+  at::ScalarType compute_dtype_;
+  at::ScalarType reduce_dtype_;
+
+  at::Tensor shard_;
+  at::Tensor full_;  // its storage outlives every free; see Note [Refilled storage]
+  at::Tensor empty_; // what freed parameters point at
+  State state_ = State::kSharded;
+  bool stale_ = true;
+  at::Tensor gather_input_;
+  std::shared_ptr<Work> gather_work_;
+
+  std::vector<internal::AutogradNodePtr> accumulators_;
+  std::vector<uintptr_t> hook_keys_;
+  std::function<void()> on_ready_;
+  size_t grads_seen_ = 0;
+
+  at::Tensor reduce_in_;
+  at::Tensor reduce_out_;
+  std::shared_ptr<Work> reduce_work_;
+};
+
+} // namespace ddp::fsdp

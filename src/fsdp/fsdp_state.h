@@ -1,0 +1,90 @@
+#pragma once
+
+// FullyShardedDataParallelImpl's state, shared by
+// fully_sharded_data_parallel.cpp (construction, forward, backward) and
+// state_dict.cpp (full states, gradient clipping). Private.
+//
+// An iteration, for units u_0 .. u_n-1 in the order their forward ran:
+//   forward   pre-forward(u_i): gather u_i (or wait for its prefetch), hook
+//             its gradients; with forward_prefetch start u_i+1's gather.
+//             post-forward(u_i): hook u_i's outputs (pre-backward); under
+//             kFullShard free u_i.
+//   backward  pre-backward(u_i), the first of u_i's output hooks: gather
+//             u_i again; with backward_prefetch start u_i-1's gather.
+//             u_i ready (every parameter has its gradient): reductions
+//             start in reverse forward order, so that every rank issues
+//             them in the same order whatever the order they became ready
+//             in (a unit waits for the later ones); then u_i is freed.
+//   end       the final callback: units that never became ready (unused
+//             parameters) are reduced with zeros for the missing
+//             gradients, every reduction is waited for and added to the
+//             shards' gradients, whatever is still gathered is freed.
+
+#include <torch/torch.h>
+
+#include <memory>
+#include <string>
+#include <unordered_map>
+#include <utility>
+#include <vector>
+
+#include <ddp/nn/fully_sharded_data_parallel.h>
+
+#include "fsdp/flat_unit.h"
+
+namespace ddp {
+
+namespace detail {
+// What an FsdpUnit holds of the FullyShardedDataParallel that wraps it.
+class FsdpUnitState {
+ public:
+  FsdpUnitState(std::weak_ptr<FullyShardedDataParallelImpl::State> root, size_t unit)
+      : root(std::move(root)), unit(unit) {}
+  std::weak_ptr<FullyShardedDataParallelImpl::State> root;
+  size_t unit;
+};
+} // namespace detail
+
+struct FullyShardedDataParallelImpl::State : std::enable_shared_from_this<State> {
+  FullyShardedDataParallelOptions options;
+  std::shared_ptr<ProcessGroup> group;
+  fsdp::UnitConfig config;
+  std::vector<std::unique_ptr<fsdp::FlatUnit>> units;
+  // Sequential: the unit of each child (-1: a child without parameters).
+  std::vector<int> unit_of_child;
+  // The unit of the parameters outside every other unit, or -1.
+  int root_unit = -1;
+  // Every parameter name of the wrapped module: (unit, entry) it lives at.
+  std::unordered_map<std::string, std::pair<size_t, size_t>> where;
+  // The FsdpUnits of a custom module, to detach them when this goes away.
+  std::vector<std::shared_ptr<FsdpUnitImpl>> unit_modules;
+
+  // ---- The iteration ----
+  bool in_forward = false;
+  std::vector<size_t> forward_order;      // units whose forward ran with grad
+  std::vector<size_t> last_forward_order; // the previous iteration's (prefetch)
+  std::vector<char> in_order;             // per unit: in forward_order
+  std::vector<char> backward_started;     // per unit: pre-backward ran
+  std::vector<char> ready;                // per unit: every gradient arrived
+  size_t next_reduce = 0;                 // into forward_order, from the back
+  std::vector<size_t> reducing;           // started, not finished, in order
+  bool callback_queued = false;
+  std::shared_ptr<bool> no_sync = std::make_shared<bool>(false);
+
+  bool frees_after_forward() const {
+    const auto s = options.sharding_strategy();
+    return s == ShardingStrategy::kFullShard || s == ShardingStrategy::kHybridShard;
+  }
+  bool frees_after_backward() const { return options.sharding_strategy() != ShardingStrategy::kNoShard; }
+
+  void unit_pre_forward(size_t unit, int next_unit);
+  void unit_post_forward(size_t unit, std::vector<at::Tensor>& outputs);
+  void pre_backward(size_t unit);
+  void unit_ready(size_t unit);
+  void flush_reductions();
+  void finish_backward();
+  // The unit after `unit` in the last iteration's forward order, or -1.
+  int next_in_last_order(size_t unit) const;
+};
+
+} // namespace ddp

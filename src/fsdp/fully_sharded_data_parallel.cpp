@@ -1,0 +1,628 @@
+// FullyShardedDataParallel: construction (finding the units, checking them
+// across ranks, sharding) and the iteration (see the narrative in
+// fsdp_state.h).
+
+#include <torch/csrc/autograd/engine.h>
+#include <torch/torch.h>
+
+#include <algorithm>
+#include <cstring>
+#include <sstream>
+#include <unordered_set>
+
+#include <ddp/group.h>
+#include <ddp/init.h>
+#include <ddp/nn/fully_sharded_data_parallel.h>
+
+#include "fsdp/fsdp_state.h"
+#include "internal/check.h"
+#include "internal/env.h"
+
+namespace ddp {
+
+namespace {
+
+using fsdp::FlatEntry;
+using fsdp::FlatUnit;
+using State = FullyShardedDataParallelImpl::State;
+
+uint64_t fnv1a(const std::string& text) {
+  uint64_t hash = 1469598103934665603ULL;
+  for (const unsigned char c : text) {
+    hash = (hash ^ c) * 1099511628211ULL;
+  }
+  return hash;
+}
+
+// A unit before sharding: its label and its parameters by first name.
+struct UnitPlan {
+  std::string label;
+  std::vector<FlatEntry> entries;
+  std::shared_ptr<FsdpUnitImpl> unit_module; // custom modules only
+};
+
+// Which unit claims each parameter (by TensorImpl), to refuse sharing.
+class Claims {
+ public:
+  explicit Claims(std::string who) : who_(std::move(who)) {}
+
+  // Adds `param` (named `name`) to `plan`, unless the plan holds it already
+  // under another name (then `name` is an alias, recorded by the caller).
+  void claim(UnitPlan& plan, const std::string& name, const at::Tensor& param) {
+    const auto* impl = param.unsafeGetTensorImpl();
+    const auto found = owner_.find(impl);
+    if (found != owner_.end()) {
+      DDP_CHECK(found->second.first == plan.label, who_, ": parameter ", name, " is shared between unit ",
+                found->second.first, " (as ", found->second.second, ") and unit ", plan.label,
+                "; a parameter must belong to one unit: put the modules that share it in the same unit");
+      return;
+    }
+    owner_.emplace(impl, std::make_pair(plan.label, name));
+    FlatEntry entry;
+    entry.name = name;
+    entry.param = param;
+    plan.entries.push_back(std::move(entry));
+  }
+
+  bool claimed(const at::Tensor& param) const { return owner_.count(param.unsafeGetTensorImpl()) > 0; }
+
+ private:
+  std::string who_;
+  std::unordered_map<const void*, std::pair<std::string, std::string>> owner_;
+};
+
+// Every FsdpUnit inside `module` (not `module` itself), with its path.
+std::vector<std::pair<std::string, std::shared_ptr<FsdpUnitImpl>>> units_inside(
+    const std::shared_ptr<torch::nn::Module>& module, const std::string& prefix) {
+  std::vector<std::pair<std::string, std::shared_ptr<FsdpUnitImpl>>> found;
+  for (const auto& item : module->named_modules(prefix, /*include_self=*/false)) {
+    if (auto unit = std::dynamic_pointer_cast<FsdpUnitImpl>(item.value())) {
+      found.emplace_back(item.key(), std::move(unit));
+    }
+  }
+  return found;
+}
+
+std::string join_prefix(const std::string& prefix, const std::string& name) {
+  return prefix.empty() ? name : prefix + "." + name;
+}
+
+// Broadcasts rank 0's `text` over `group` (its size, then its bytes).
+std::string broadcast_text(ProcessGroup& group, const std::string& text, const c10::Device& device) {
+  auto size = torch::tensor({static_cast<int64_t>(text.size())}, torch::kLong).to(device);
+  group.broadcast(size, BroadcastOptions{0})->wait();
+  const int64_t n = size.cpu().item<int64_t>();
+  auto bytes = torch::zeros({n}, torch::kUInt8);
+  if (group.rank() == 0) {
+    std::memcpy(bytes.data_ptr(), text.data(), text.size());
+  }
+  bytes = bytes.to(device);
+  group.broadcast(bytes, BroadcastOptions{0})->wait();
+  bytes = bytes.cpu();
+  return std::string(static_cast<const char*>(bytes.data_ptr()), static_cast<size_t>(n));
+}
+
+// The first line where `a` and `b` differ, for an error message.
+std::string first_difference(const std::string& a, const std::string& b) {
+  std::istringstream sa(a), sb(b);
+  std::string la, lb;
+  while (true) {
+    const bool more_a = static_cast<bool>(std::getline(sa, la));
+    const bool more_b = static_cast<bool>(std::getline(sb, lb));
+    if (!more_a && !more_b) {
+      return "(no line differs)";
+    }
+    if (!more_a || !more_b || la != lb) {
+      return c10::str("rank 0: '", more_a ? la : std::string("(nothing)"), "', this rank: '",
+                      more_b ? lb : std::string("(nothing)"), "'");
+    }
+  }
+}
+
+} // namespace
+
+const char* to_string(ShardingStrategy strategy) {
+  switch (strategy) {
+    case ShardingStrategy::kFullShard:
+      return "kFullShard";
+    case ShardingStrategy::kShardGradOp:
+      return "kShardGradOp";
+    case ShardingStrategy::kNoShard:
+      return "kNoShard";
+    case ShardingStrategy::kHybridShard:
+      return "kHybridShard";
+  }
+  return "(unknown ShardingStrategy)";
+}
+
+// ---- FsdpUnit and the no_sync guard ----
+
+void FsdpUnitImpl::pre_forward() {
+  auto root = state_->root.lock();
+  DDP_CHECK(root, "FsdpUnit: the FullyShardedDataParallel that wrapped this unit was destroyed; its "
+                  "parameters went with it");
+  DDP_CHECK(root->in_forward, root->config.who, ": unit ", root->units[state_->unit]->label(),
+            " was called outside the forward of the FullyShardedDataParallel that wraps it; its "
+            "parameters are sharded between calls: call the wrapping model instead");
+  root->unit_pre_forward(state_->unit, -1);
+}
+
+void FsdpUnitImpl::post_forward(std::vector<at::Tensor>& outputs) {
+  if (auto root = state_->root.lock()) {
+    root->unit_post_forward(state_->unit, outputs);
+  }
+}
+
+FsdpNoSyncGuard::FsdpNoSyncGuard(std::shared_ptr<bool> flag) : flag_(std::move(flag)) {
+  *flag_ = true;
+}
+
+FsdpNoSyncGuard::FsdpNoSyncGuard(FsdpNoSyncGuard&& other) noexcept : flag_(std::move(other.flag_)) {}
+
+FsdpNoSyncGuard::~FsdpNoSyncGuard() {
+  if (flag_) {
+    *flag_ = false;
+  }
+}
+
+// ---- Construction ----
+
+FullyShardedDataParallelImpl::FullyShardedDataParallelImpl(const torch::nn::Sequential& module,
+                                                           const FullyShardedDataParallelOptions& options)
+    : FullyShardedDataParallelImpl(torch::nn::AnyModule(), module.ptr(), module.ptr(), options) {}
+
+FullyShardedDataParallelImpl::FullyShardedDataParallelImpl(
+    torch::nn::AnyModule any, std::shared_ptr<torch::nn::SequentialImpl> sequential,
+    std::shared_ptr<torch::nn::Module> module, const FullyShardedDataParallelOptions& options)
+    : any_(std::move(any)), sequential_(std::move(sequential)), module_(std::move(module)),
+      state_(std::make_shared<State>()) {
+  State& s = *state_;
+  s.options = options;
+  s.group = options.process_group() ? options.process_group() : default_process_group();
+  DDP_CHECK(s.group, "FullyShardedDataParallel: no process group; call ddp::init_process_group() first or "
+                     "pass FullyShardedDataParallelOptions().process_group(...)");
+  const std::string who = c10::str("[rank ", s.group->rank(), "/", s.group->size(), "] FullyShardedDataParallel");
+  s.config.who = who;
+
+  // The groups of the strategy.
+  switch (options.sharding_strategy()) {
+    case ShardingStrategy::kFullShard:
+    case ShardingStrategy::kShardGradOp:
+      s.config.shard_group = s.group;
+      break;
+    case ShardingStrategy::kNoShard:
+      s.config.replicate_group = s.group;
+      break;
+    case ShardingStrategy::kHybridShard: {
+      s.config.shard_group = options.shard_group();
+      s.config.replicate_group = options.replicate_group();
+      DDP_CHECK(static_cast<bool>(s.config.shard_group) == static_cast<bool>(s.config.replicate_group), who,
+                ": kHybridShard takes both shard_group and replicate_group, or neither (got only the ",
+                s.config.shard_group ? "shard_group" : "replicate_group", ")");
+      if (!s.config.shard_group) {
+        const auto local = internal::env_get(internal::kEnvLocalWorldSize);
+        DDP_CHECK(local, who, ": kHybridShard needs LOCAL_WORLD_SIZE (the ranks of a node) to make its "
+                              "groups; launch with ddprun or torchrun, or pass shard_group and replicate_group");
+        const int node = std::stoi(*local);
+        const int world = s.group->size();
+        DDP_CHECK(node >= 1 && world % node == 0, who, ": kHybridShard: LOCAL_WORLD_SIZE=", node,
+                  " does not divide the world size ", world);
+        DDP_CHECK(s.group == default_process_group(), who,
+                  ": kHybridShard makes its groups from the default group; pass shard_group and "
+                  "replicate_group for another group");
+        s.config.shard_group = new_subgroups(node).mine;
+        for (int position = 0; position < node; ++position) {
+          std::vector<int> across;
+          for (int r = position; r < world; r += node) {
+            across.push_back(r);
+          }
+          auto made = new_group(across);
+          if (s.group->rank() % node == position) {
+            s.config.replicate_group = made;
+          }
+        }
+      }
+      break;
+    }
+  }
+  s.config.param_dtype = options.mixed_precision().param_dtype();
+  s.config.reduce_dtype = options.mixed_precision().reduce_dtype();
+  // PyTorch's split of the division by the world size around the reduction
+  // (_get_gradient_predivide_factor): the larger power of two below
+  // sqrt(world) before, the rest after, so that low-precision sums neither
+  // overflow nor underflow.
+  const int world = s.group->size();
+  int factor = 1;
+  while (world % factor == 0 && world / factor > factor) {
+    factor *= 2;
+  }
+  s.config.predivide = factor;
+  s.config.postdivide = static_cast<double>(world) / factor;
+
+  // The units.
+  Claims claims(who);
+  std::vector<UnitPlan> plans;
+  if (sequential_) {
+    for (size_t i = 0; i < sequential_->size(); ++i) {
+      auto child = sequential_->ptr(i);
+      const std::string path = std::to_string(i);
+      const auto nested = units_inside(child, path);
+      DDP_CHECK(nested.empty() && !std::dynamic_pointer_cast<FsdpUnitImpl>(child), who,
+                ": the Sequential's child ", path, " holds an FsdpUnit (",
+                nested.empty() ? path : nested.front().first,
+                "); each child of a Sequential is a unit already: remove the FsdpUnit");
+      UnitPlan plan{"child " + path, {}, nullptr};
+      for (const auto& item : child->named_parameters()) {
+        claims.claim(plan, join_prefix(path, item.key()), item.value());
+      }
+      s.unit_of_child.push_back(plan.entries.empty() ? -1 : static_cast<int>(plans.size()));
+      if (!plan.entries.empty()) {
+        plans.push_back(std::move(plan));
+      }
+    }
+  } else {
+    for (const auto& [path, unit] : units_inside(module_, "")) {
+      const auto nested = units_inside(unit, path);
+      DDP_CHECK(nested.empty(), who, ": unit ", nested.empty() ? path : nested.front().first,
+                " is nested in unit ", path, "; units must not nest: wrap the inner module or the outer one");
+      UnitPlan plan{path, {}, unit};
+      for (const auto& item : unit->named_parameters()) {
+        claims.claim(plan, join_prefix(path, item.key()), item.value());
+      }
+      if (!plan.entries.empty()) {
+        plans.push_back(std::move(plan));
+      }
+    }
+  }
+  {
+    // What no unit holds: the root unit. A parameter that a unit holds and
+    // another module (outside every unit) uses too is shared.
+    std::unordered_set<std::string> in_units;
+    for (const auto& plan : plans) {
+      for (const auto& entry : plan.entries) {
+        in_units.insert(entry.name);
+      }
+    }
+    UnitPlan root{"(root)", {}, nullptr};
+    for (const auto& item : module_->named_parameters()) {
+      const bool inside = std::any_of(plans.begin(), plans.end(), [&](const UnitPlan& plan) {
+        return plan.unit_module && item.key().rfind(plan.label + ".", 0) == 0;
+      });
+      if (in_units.count(item.key()) > 0 || inside) {
+        continue;
+      }
+      DDP_CHECK(!claims.claimed(item.value()), who, ": parameter ", item.key(),
+                " is used outside every unit but belongs to a unit too; a parameter must belong to one unit");
+      claims.claim(root, item.key(), item.value());
+    }
+    if (!root.entries.empty()) {
+      s.root_unit = static_cast<int>(plans.size());
+      plans.push_back(std::move(root));
+    }
+  }
+
+  // Every rank must wrap the same units.
+  c10::Device device(c10::kCPU);
+  std::ostringstream description;
+  description << "strategy " << to_string(options.sharding_strategy()) << "\n";
+  for (const auto& plan : plans) {
+    description << "unit " << plan.label << "\n";
+    for (const auto& entry : plan.entries) {
+      description << "  " << entry.name << " " << entry.param.sizes() << " " << entry.param.scalar_type() << " "
+                  << c10::DeviceTypeName(entry.param.device().type()) << "\n";
+      device = entry.param.device();
+    }
+  }
+  const std::string mine = description.str();
+  if (s.group->size() > 1) {
+    auto hash = torch::tensor({static_cast<int64_t>(fnv1a(mine) >> 1)}, torch::kLong).to(device);
+    std::vector<at::Tensor> hashes;
+    for (int r = 0; r < s.group->size(); ++r) {
+      hashes.push_back(torch::empty_like(hash));
+    }
+    s.group->allgather(hashes, hash)->wait();
+    std::vector<int> differ;
+    for (int r = 1; r < s.group->size(); ++r) {
+      if (!hashes[r].cpu().equal(hashes[0].cpu())) {
+        differ.push_back(r);
+      }
+    }
+    if (!differ.empty()) {
+      const std::string theirs = broadcast_text(*s.group, mine, device);
+      std::string ranks;
+      for (const int r : differ) {
+        ranks += (ranks.empty() ? "" : ", ") + std::to_string(r);
+      }
+      DDP_CHECK(false, who, ": ranks wrap different units: rank(s) ", ranks,
+                " differ from rank 0 (every rank must wrap the same model); first difference: ",
+                first_difference(theirs, mine));
+    }
+  }
+  if (options.sync_module_states() && s.group->size() > 1) {
+    torch::NoGradGuard no_grad;
+    for (auto& tensor : module_->parameters()) {
+      s.group->broadcast(tensor.detach(), BroadcastOptions{0})->wait();
+    }
+    for (auto& tensor : module_->buffers()) {
+      s.group->broadcast(tensor, BroadcastOptions{0})->wait();
+    }
+  }
+
+  // Shard.
+  for (size_t u = 0; u < plans.size(); ++u) {
+    auto& plan = plans[u];
+    for (size_t e = 0; e < plan.entries.size(); ++e) {
+      s.where[plan.entries[e].name] = {u, e};
+    }
+    s.units.push_back(std::make_unique<FlatUnit>(plan.label, std::move(plan.entries), s.config));
+    register_parameter("flat_param_" + std::to_string(u), s.units.back()->shard(),
+                       s.units.back()->shard().requires_grad());
+    if (plan.unit_module) {
+      plan.unit_module->state_ = std::make_shared<detail::FsdpUnitState>(state_, u);
+      s.unit_modules.push_back(plan.unit_module);
+    }
+  }
+  // Aliases: names under which a unit's parameter is held a second time.
+  for (const auto& item : module_->named_parameters()) {
+    if (s.where.count(item.key()) > 0) {
+      continue;
+    }
+    for (size_t u = 0; u < s.units.size(); ++u) {
+      const auto& entries = s.units[u]->entries();
+      for (size_t e = 0; e < entries.size(); ++e) {
+        if (entries[e].param.unsafeGetTensorImpl() == item.value().unsafeGetTensorImpl()) {
+          s.where[item.key()] = {u, e};
+        }
+      }
+    }
+  }
+  const size_t n = s.units.size();
+  s.in_order.assign(n, 0);
+  s.backward_started.assign(n, 0);
+  s.ready.assign(n, 0);
+}
+
+FullyShardedDataParallelImpl::~FullyShardedDataParallelImpl() {
+  for (auto& unit : state_->unit_modules) {
+    unit->state_.reset();
+  }
+}
+
+FsdpNoSyncGuard FullyShardedDataParallelImpl::no_sync() {
+  return FsdpNoSyncGuard(state_->no_sync);
+}
+
+const std::shared_ptr<ProcessGroup>& FullyShardedDataParallelImpl::shard_group() const {
+  return state_->config.shard_group;
+}
+
+const std::shared_ptr<ProcessGroup>& FullyShardedDataParallelImpl::replicate_group() const {
+  return state_->config.replicate_group;
+}
+
+size_t FullyShardedDataParallelImpl::num_units() const {
+  return state_->units.size();
+}
+
+std::vector<std::string> FullyShardedDataParallelImpl::unit_parameter_names(size_t unit) const {
+  DDP_CHECK(unit < state_->units.size(), state_->config.who, ": unit ", unit, " does not exist (there are ",
+            state_->units.size(), ")");
+  std::vector<std::string> names;
+  for (const auto& entry : state_->units[unit]->entries()) {
+    names.push_back(entry.name);
+  }
+  return names;
+}
+
+void FullyShardedDataParallelImpl::train(bool on) {
+  torch::nn::Module::train(on);
+  module_->train(on);
+}
+
+at::Tensor FullyShardedDataParallelImpl::cast_tensor(const at::Tensor& value) const {
+  const auto& dtype = state_->config.param_dtype;
+  if (dtype && value.defined() && value.is_floating_point() && value.scalar_type() != *dtype) {
+    return value.to(*dtype);
+  }
+  return value;
+}
+
+// ---- The iteration ----
+
+void FullyShardedDataParallelImpl::begin_forward() {
+  State& s = *state_;
+  DDP_CHECK(!s.in_forward, s.config.who, ": forward called from inside its own forward");
+  s.in_forward = true;
+  for (auto& unit : s.units) {
+    unit->mark_stale();
+    unit->reset_backward();
+  }
+  if (!s.forward_order.empty()) {
+    s.last_forward_order = s.forward_order;
+  }
+  s.forward_order.clear();
+  std::fill(s.in_order.begin(), s.in_order.end(), 0);
+  std::fill(s.backward_started.begin(), s.backward_started.end(), 0);
+  std::fill(s.ready.begin(), s.ready.end(), 0);
+  s.next_reduce = 0;
+  if (s.root_unit >= 0) {
+    s.unit_pre_forward(static_cast<size_t>(s.root_unit), -1);
+  }
+}
+
+void FullyShardedDataParallelImpl::end_forward() noexcept {
+  State& s = *state_;
+  s.in_forward = false;
+  if (s.root_unit >= 0 && !torch::GradMode::is_enabled() && s.frees_after_backward()) {
+    try {
+      s.units[static_cast<size_t>(s.root_unit)]->free_full();
+    } catch (...) {
+      // A failed gather is reported by the forward that waited for it.
+    }
+  }
+}
+
+void FullyShardedDataParallelImpl::root_post_forward(std::vector<at::Tensor>& outputs) {
+  State& s = *state_;
+  // Hooks the output so that the first step of backward queues the final
+  // callback, whatever the units' outputs were.
+  s.unit_post_forward(s.root_unit >= 0 ? static_cast<size_t>(s.root_unit) : s.units.size(), outputs);
+}
+
+void FullyShardedDataParallelImpl::sequential_pre_forward(size_t child) {
+  State& s = *state_;
+  const int unit = s.unit_of_child[child];
+  if (unit < 0) {
+    return;
+  }
+  int next = -1;
+  for (size_t c = child + 1; c < s.unit_of_child.size() && next < 0; ++c) {
+    next = s.unit_of_child[c];
+  }
+  s.unit_pre_forward(static_cast<size_t>(unit), next);
+}
+
+void FullyShardedDataParallelImpl::sequential_post_forward(size_t child, torch::nn::AnyValue& output) {
+  State& s = *state_;
+  std::vector<at::Tensor> tensors;
+  if (auto* tensor = output.try_get<at::Tensor>()) {
+    tensors.push_back(*tensor);
+  } else if (auto* list = output.try_get<std::vector<at::Tensor>>()) {
+    tensors = *list;
+  }
+  const int unit = s.unit_of_child[child];
+  if (unit >= 0) {
+    s.unit_post_forward(static_cast<size_t>(unit), tensors);
+  }
+  if (child + 1 == s.unit_of_child.size()) {
+    root_post_forward(tensors);
+  }
+}
+
+int State::next_in_last_order(size_t unit) const {
+  const auto at = std::find(last_forward_order.begin(), last_forward_order.end(), unit);
+  if (at == last_forward_order.end() || at + 1 == last_forward_order.end()) {
+    return -1;
+  }
+  return static_cast<int>(*(at + 1));
+}
+
+void State::unit_pre_forward(size_t unit, int next_unit) {
+  FlatUnit& flat = *units[unit];
+  flat.ensure_gathered();
+  if (torch::GradMode::is_enabled() && flat.shard().requires_grad()) {
+    if (!in_order[unit]) {
+      in_order[unit] = 1;
+      forward_order.push_back(unit);
+    }
+    flat.hook_gradients([this, unit] { unit_ready(unit); });
+  }
+  if (options.forward_prefetch()) {
+    const int next = next_unit >= 0 ? next_unit : next_in_last_order(unit);
+    if (next >= 0 && !units[static_cast<size_t>(next)]->fresh()) {
+      units[static_cast<size_t>(next)]->start_gather();
+    }
+  }
+}
+
+void State::unit_post_forward(size_t unit, std::vector<at::Tensor>& outputs) {
+  bool hooked = false;
+  if (torch::GradMode::is_enabled()) {
+    std::weak_ptr<State> weak = weak_from_this();
+    for (auto& output : outputs) {
+      if (output.defined() && output.requires_grad()) {
+        // Runs on the autograd engine's thread, before the backward of the
+        // node that made `output`.
+        output.register_hook([weak, unit](const at::Tensor&) {
+          if (auto state = weak.lock()) {
+            state->pre_backward(unit);
+          }
+        });
+        hooked = true;
+      }
+    }
+  }
+  if (unit >= units.size() || static_cast<int>(unit) == root_unit) {
+    return;
+  }
+  // Without a hooked output, backward would reach the unit ungathered:
+  // keep it until the end of backward.
+  const bool free = torch::GradMode::is_enabled() ? hooked && frees_after_forward() : frees_after_backward();
+  if (free) {
+    units[unit]->free_full();
+  }
+}
+
+void State::pre_backward(size_t unit) {
+  if (!callback_queued) {
+    callback_queued = true;
+    std::weak_ptr<State> weak = weak_from_this();
+    torch::autograd::Engine::get_default_engine().queue_callback([weak] {
+      if (auto state = weak.lock()) {
+        state->finish_backward();
+      }
+    });
+  }
+  if (unit >= units.size() || backward_started[unit]) {
+    return;
+  }
+  backward_started[unit] = 1;
+  units[unit]->ensure_gathered();
+  if (options.backward_prefetch()) {
+    const auto at = std::find(forward_order.begin(), forward_order.end(), unit);
+    if (at != forward_order.end() && at != forward_order.begin()) {
+      FlatUnit& previous = *units[*(at - 1)];
+      if (!backward_started[*(at - 1)] && previous.state() == FlatUnit::State::kSharded) {
+        previous.start_gather();
+      }
+    }
+  }
+}
+
+void State::unit_ready(size_t unit) {
+  ready[unit] = 1;
+  flush_reductions();
+}
+
+void State::flush_reductions() {
+  while (next_reduce < forward_order.size()) {
+    const size_t unit = forward_order[forward_order.size() - 1 - next_reduce];
+    if (!ready[unit]) {
+      return;
+    }
+    ++next_reduce;
+    if (!*no_sync) {
+      units[unit]->start_reduce();
+      reducing.push_back(unit);
+    }
+    if (frees_after_backward()) {
+      units[unit]->free_full();
+    }
+  }
+}
+
+void State::finish_backward() {
+  callback_queued = false;
+  for (const size_t unit : forward_order) {
+    ready[unit] = 1;
+  }
+  flush_reductions();
+  const auto started = std::move(reducing);
+  reducing.clear();
+  for (const size_t unit : started) {
+    units[unit]->finish_reduce();
+  }
+  if (frees_after_backward()) {
+    for (auto& unit : units) {
+      if (unit->state() != FlatUnit::State::kSharded) {
+        unit->free_full();
+      }
+    }
+  }
+  for (auto& unit : units) {
+    unit->reset_backward();
+  }
+  std::fill(backward_started.begin(), backward_started.end(), 0);
+}
+
+} // namespace ddp
