@@ -49,8 +49,6 @@
 #include <torch/cuda.h>
 #include <torch/torch.h>
 
-#include <sys/resource.h>
-
 #include <algorithm>
 #include <chrono>
 #include <cstdint>
@@ -62,6 +60,8 @@
 #include <vector>
 
 #include <ddp/ddp.h>
+
+#include "bench_util.h"
 
 #ifdef DDP_WITH_NCCL
 #include <c10/cuda/CUDACachingAllocator.h>
@@ -99,9 +99,8 @@ struct Config {
 }
 
 int64_t parse_count(const std::string& flag, const std::string& text, int64_t minimum) {
-  char* end = nullptr;
-  const long long value = std::strtoll(text.c_str(), &end, 10);
-  if (text.empty() || *end != '\0' || value < minimum) {
+  int64_t value = 0;
+  if (!ddp_bench::parse_count(text, minimum, value)) {
     usage_error(flag + " must be an integer >= " + std::to_string(minimum) + " (got '" + text + "')");
   }
   return value;
@@ -156,46 +155,9 @@ Config parse_args(int argc, char** argv) {
   return config;
 }
 
-torch::nn::Sequential make_mlp(int64_t width, int64_t layers) {
-  torch::nn::Sequential net;
-  for (int64_t i = 0; i < layers; ++i) {
-    net->push_back(torch::nn::Linear(width, width));
-    if (i + 1 < layers) {
-      net->push_back(torch::nn::ReLU());
-    }
-  }
-  return net;
-}
-
-int64_t parameter_count(const torch::nn::Module& module) {
-  int64_t count = 0;
-  for (const auto& p : module.parameters()) {
-    count += p.numel();
-  }
-  return count;
-}
-
-// The bytes of every tensor in `optimizer`'s state (Adam: exp_avg and
-// exp_avg_sq, and max_exp_avg_sq with amsgrad; step is a number).
-int64_t state_bytes(torch::optim::Optimizer& optimizer) {
-  int64_t bytes = 0;
-  for (const auto& [key, state] : optimizer.state()) {
-    (void)key;
-    if (auto* adam = dynamic_cast<torch::optim::AdamParamState*>(state.get())) {
-      bytes += static_cast<int64_t>(adam->exp_avg().nbytes() + adam->exp_avg_sq().nbytes());
-      if (adam->max_exp_avg_sq().defined()) {
-        bytes += static_cast<int64_t>(adam->max_exp_avg_sq().nbytes());
-      }
-    }
-  }
-  return bytes;
-}
-
-double peak_rss_mb() {
-  struct rusage usage {};
-  ::getrusage(RUSAGE_SELF, &usage);
-  return static_cast<double>(usage.ru_maxrss) / 1024.0; // KiB on Linux
-}
+using ddp_bench::make_mlp;
+using ddp_bench::parameter_count;
+using ddp_bench::peak_rss_mb;
 
 using Clock = std::chrono::steady_clock;
 
@@ -260,13 +222,7 @@ std::vector<double> time_steps(ddp::ProcessGroup& group, Variant& v, const torch
     synchronize(device);
     host[static_cast<size_t>(i)] = std::chrono::duration<double, std::milli>(Clock::now() - start).count();
   }
-  // On the model's device: a pure NCCL group takes CUDA tensors only.
-  auto times = torch::tensor(host, torch::kDouble).to(device);
-  group.allreduce(times, {ddp::ReduceOp::kMax})->wait();
-  times = times.cpu();
-  std::vector<double> sorted(times.data_ptr<double>(), times.data_ptr<double>() + iters);
-  std::sort(sorted.begin(), sorted.end());
-  return sorted;
+  return ddp_bench::slowest_rank_sorted(group, host, device);
 }
 
 int run_speed(ddp::ProcessGroup& group, const Config& config, const torch::Device& device) {
@@ -287,13 +243,10 @@ int run_speed(ddp::ProcessGroup& group, const Config& config, const torch::Devic
     }
   }
   if (group.rank() == 0) {
-    const double anchor = *std::min_element(variants[0].medians.begin(), variants[0].medians.end());
+    const double anchor = ddp_bench::lowest(variants[0].medians);
     for (const auto& v : variants) {
-      const double best = *std::min_element(v.medians.begin(), v.medians.end());
-      std::string rounds;
-      for (const double m : v.medians) {
-        rounds += (rounds.empty() ? "" : ",") + std::to_string(m).substr(0, 7);
-      }
+      const double best = ddp_bench::lowest(v.medians);
+      const std::string rounds = ddp_bench::joined_ms(v.medians);
       std::printf("zero_bench mode=speed backend=%s world=%d%s variant=%s params=%lld median_ms=%.*f "
                   "ratio=%.3f rounds_ms=%s\n",
                   group.backend_name().c_str(), group.size(),
@@ -339,7 +292,7 @@ int run_memory(ddp::ProcessGroup& group, const Config& config, const torch::Devi
   for (const auto& p : v.net->parameters()) {
     grad_bytes += p.grad().defined() ? static_cast<int64_t>(p.grad().nbytes()) : 0;
   }
-  auto mine = torch::tensor({static_cast<double>(state_bytes(holder)), static_cast<double>(grad_bytes),
+  auto mine = torch::tensor({static_cast<double>(ddp_bench::adam_state_bytes(holder)), static_cast<double>(grad_bytes),
                              peak_rss_mb(), gpu_peak_mb(device)},
                             torch::kDouble)
                   .to(device);

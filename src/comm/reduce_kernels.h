@@ -1,6 +1,7 @@
 #pragma once
 
-// Element-wise reduction kernels for the Gloo backend (private header).
+// Element-wise reduction kernels for the Gloo backend and MPI's own
+// algorithms (private header).
 //
 // Gloo's algorithms are untyped: they move bytes and call a function
 // `f(out, a, b, n)` to combine n elements. We supply that function for every

@@ -71,18 +71,13 @@ FlatUnit::~FlatUnit() {
 
 void FlatUnit::allocate_full() {
   auto* storage = full_.storage().unsafeGetStorageImpl();
-  const size_t bytes = static_cast<size_t>(padded_numel()) * full_.element_size();
-  if (storage->nbytes() == bytes && storage->data() != nullptr) {
-    return;
+  if (storage->data() == nullptr) {
+    config_.pool->fill(*storage, static_cast<size_t>(padded_numel()) * full_.element_size());
   }
-  storage->set_data_ptr_noswap(storage->allocator()->allocate(bytes));
-  storage->set_nbytes(bytes);
 }
 
 void FlatUnit::release_full() {
-  auto* storage = full_.storage().unsafeGetStorageImpl();
-  storage->set_data_ptr_noswap(at::DataPtr(nullptr, full_.device()));
-  storage->set_nbytes(0);
+  config_.pool->drain(*full_.storage().unsafeGetStorageImpl());
 }
 
 void FlatUnit::point_params_at_full() {
@@ -175,14 +170,18 @@ void FlatUnit::hook_gradients(std::function<void()> on_ready) {
 void FlatUnit::start_reduce() {
   DDP_INTERNAL_ASSERT(!reduce_out_.defined(), "unit ", label_, " reduced twice in one backward");
   torch::NoGradGuard no_grad;
-  reduce_in_ = torch::zeros({padded_numel()}, full_.options().dtype(reduce_dtype_));
+  reduce_in_ = config_.pool->take(padded_numel(), full_.options().dtype(reduce_dtype_));
   for (auto& entry : entries_) {
     at::Tensor& grad = entry.param.mutable_grad();
+    auto slice = reduce_in_.narrow(0, entry.offset, entry.numel);
     if (grad.defined()) {
-      reduce_in_.narrow(0, entry.offset, entry.numel).copy_(grad.reshape({-1}));
+      slice.copy_(grad.reshape({-1}));
       grad = at::Tensor();
+    } else {
+      slice.zero_(); // a parameter unused in this backward
     }
   }
+  reduce_in_.narrow(0, total_numel_, padded_numel() - total_numel_).zero_();
   if (config_.predivide != 1) {
     reduce_in_.div_(config_.predivide);
   }
@@ -190,7 +189,7 @@ void FlatUnit::start_reduce() {
     reduce_out_ = reduce_in_;
     reduce_work_.reset();
   } else {
-    reduce_out_ = torch::empty({shard_numel_}, reduce_in_.options());
+    reduce_out_ = config_.pool->take(shard_numel_, reduce_in_.options());
     reduce_work_ =
         config_.shard_group->reduce_scatter(reduce_out_, reduce_in_.split(shard_numel_), ReduceScatterOptions{});
   }
@@ -207,7 +206,7 @@ void FlatUnit::finish_reduce() {
   }
   at::Tensor reduced = std::move(reduce_out_);
   reduce_out_ = at::Tensor();
-  reduce_in_ = at::Tensor();
+  config_.pool->recycle(reduce_in_); // (kept when it is `reduced`: one rank)
   if (config_.replicate_group && config_.replicate_group->size() > 1) {
     config_.replicate_group->allreduce(reduced)->wait();
   }
@@ -217,6 +216,7 @@ void FlatUnit::finish_reduce() {
   at::Tensor& grad = shard_.mutable_grad();
   if (grad.defined()) {
     grad.add_(reduced.to(grad.scalar_type()));
+    config_.pool->recycle(reduced);
   } else {
     grad = reduced.to(shard_.scalar_type());
   }

@@ -44,6 +44,7 @@
 
 #include <ddp/comm/process_group.h>
 
+#include "fsdp/buffer_pool.h"
 #include "internal/torch_compat.h"
 
 namespace ddp::fsdp {
@@ -60,6 +61,8 @@ struct UnitConfig {
   c10::optional<at::ScalarType> reduce_dtype;
   double predivide = 1;
   double postdivide = 1;
+  // Shared by the units: gathered parameters and gradient buffers.
+  std::shared_ptr<BufferPool> pool;
 };
 
 // One parameter's place in the flat buffer.

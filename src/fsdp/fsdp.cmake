@@ -1,5 +1,6 @@
 # FullyShardedDataParallel: flat units, the iteration's hooks, full states.
 ddp_add_part(ddp_fsdp
+  src/fsdp/buffer_pool.cpp
   src/fsdp/flat_unit.cpp
   src/fsdp/fully_sharded_data_parallel.cpp
   src/fsdp/state_dict.cpp)

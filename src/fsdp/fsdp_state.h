@@ -8,13 +8,16 @@
 //   forward   pre-forward(u_i): gather u_i (or wait for its prefetch), hook
 //             its gradients; with forward_prefetch start u_i+1's gather.
 //             post-forward(u_i): hook u_i's outputs (pre-backward); under
-//             kFullShard free u_i.
+//             kFullShard free u_i-1 (the last unit stays gathered for
+//             its backward, which comes first).
 //   backward  pre-backward(u_i), the first of u_i's output hooks: gather
 //             u_i again; with backward_prefetch start u_i-1's gather.
 //             u_i ready (every parameter has its gradient): reductions
 //             start in reverse forward order, so that every rank issues
 //             them in the same order whatever the order they became ready
 //             in (a unit waits for the later ones); then u_i is freed.
+//             Beyond kReductionsInFlight, the oldest reduction is finished
+//             (waited for, added to its shard's gradient) before the next.
 //   end       the final callback: units that never became ready (unused
 //             parameters) are reduced with zeros for the missing
 //             gradients, every reduction is waited for and added to the
@@ -22,6 +25,7 @@
 
 #include <torch/torch.h>
 
+#include <deque>
 #include <memory>
 #include <string>
 #include <unordered_map>
@@ -45,6 +49,10 @@ class FsdpUnitState {
 };
 } // namespace detail
 
+// Reductions started and not yet finished, at most: each holds its unit's
+// full gradient (in the reduce dtype) until it is finished.
+constexpr size_t kReductionsInFlight = 2;
+
 struct FullyShardedDataParallelImpl::State : std::enable_shared_from_this<State> {
   FullyShardedDataParallelOptions options;
   std::shared_ptr<ProcessGroup> group;
@@ -67,8 +75,9 @@ struct FullyShardedDataParallelImpl::State : std::enable_shared_from_this<State>
   std::vector<char> backward_started;     // per unit: pre-backward ran
   std::vector<char> ready;                // per unit: every gradient arrived
   size_t next_reduce = 0;                 // into forward_order, from the back
-  std::vector<size_t> reducing;           // started, not finished, in order
+  std::deque<size_t> reducing;            // started, not finished, in order
   bool callback_queued = false;
+  int pending_free = -1; // kFullShard: the unit freed when the next one's forward ends
   std::shared_ptr<bool> no_sync = std::make_shared<bool>(false);
 
   bool frees_after_forward() const {

@@ -348,7 +348,19 @@ FullyShardedDataParallelImpl::FullyShardedDataParallelImpl(
     }
   }
 
-  // Shard.
+  // Shard. The pool keeps up to four blocks of the largest unit.
+  size_t largest = 0;
+  for (const auto& plan : plans) {
+    size_t bytes = 0;
+    for (const auto& entry : plan.entries) {
+      const size_t item = std::max({static_cast<size_t>(entry.param.element_size()),
+                                    c10::elementSize(s.config.param_dtype.value_or(entry.param.scalar_type())),
+                                    c10::elementSize(s.config.reduce_dtype.value_or(entry.param.scalar_type()))});
+      bytes += static_cast<size_t>(entry.param.numel()) * item;
+    }
+    largest = std::max(largest, bytes);
+  }
+  s.config.pool = std::make_shared<fsdp::BufferPool>(4 * largest + 4096);
   for (size_t u = 0; u < plans.size(); ++u) {
     auto& plan = plans[u];
     for (size_t e = 0; e < plan.entries.size(); ++e) {
@@ -445,6 +457,7 @@ void FullyShardedDataParallelImpl::begin_forward() {
   std::fill(s.backward_started.begin(), s.backward_started.end(), 0);
   std::fill(s.ready.begin(), s.ready.end(), 0);
   s.next_reduce = 0;
+  s.pending_free = -1;
   if (s.root_unit >= 0) {
     s.unit_pre_forward(static_cast<size_t>(s.root_unit), -1);
   }
@@ -547,9 +560,17 @@ void State::unit_post_forward(size_t unit, std::vector<at::Tensor>& outputs) {
   }
   // Without a hooked output, backward would reach the unit ungathered:
   // keep it until the end of backward.
-  const bool free = torch::GradMode::is_enabled() ? hooked && frees_after_forward() : frees_after_backward();
-  if (free) {
-    units[unit]->free_full();
+  if (!torch::GradMode::is_enabled()) {
+    if (frees_after_backward()) {
+      units[unit]->free_full(); // no backward comes
+    }
+  } else if (hooked && frees_after_forward()) {
+    // Freed when the next unit's forward ends: the unit that runs last is
+    // the first whose backward runs, and stays gathered for it.
+    if (pending_free >= 0 && static_cast<size_t>(pending_free) != unit) {
+      units[static_cast<size_t>(pending_free)]->free_full();
+    }
+    pending_free = static_cast<int>(unit);
   }
 }
 
@@ -594,6 +615,12 @@ void State::flush_reductions() {
     if (!*no_sync) {
       units[unit]->start_reduce();
       reducing.push_back(unit);
+      // Each reduction holds a full gradient of its unit: bounded, so that
+      // backward's peak is a few units, not the whole model.
+      while (reducing.size() > kReductionsInFlight) {
+        units[reducing.front()]->finish_reduce();
+        reducing.pop_front();
+      }
     }
     if (frees_after_backward()) {
       units[unit]->free_full();
@@ -603,14 +630,14 @@ void State::flush_reductions() {
 
 void State::finish_backward() {
   callback_queued = false;
+  pending_free = -1;
   for (const size_t unit : forward_order) {
     ready[unit] = 1;
   }
   flush_reductions();
-  const auto started = std::move(reducing);
-  reducing.clear();
-  for (const size_t unit : started) {
-    units[unit]->finish_reduce();
+  while (!reducing.empty()) {
+    units[reducing.front()]->finish_reduce();
+    reducing.pop_front();
   }
   if (frees_after_backward()) {
     for (auto& unit : units) {

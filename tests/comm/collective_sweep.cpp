@@ -196,6 +196,17 @@ void reduce_scatter_and_alltoall(ProcessGroup& pg, int64_t count) {
   // sum over ranks q of (rank+1)(q+1) = (rank+1) W(W+1)/2
   ASSERT_TRUE(torch::equal(output, torch::full({count}, (rank + 1.0f) * world * (world + 1) / 2)));
 
+  // In place: the output is this rank's own chunk of the input (read before
+  // any peer's part is written there).
+  auto whole = torch::empty({world * count});
+  std::vector<at::Tensor> chunks;
+  for (int r = 0; r < world; ++r) {
+    chunks.push_back(whole.narrow(0, r * count, count));
+    chunks.back().fill_(1.0f * (r + 1) * (rank + 1));
+  }
+  pg.reduce_scatter(chunks[rank], chunks)->wait();
+  ASSERT_TRUE(torch::equal(chunks[rank], torch::full({count}, (rank + 1.0f) * world * (world + 1) / 2)));
+
   // Half with MAX: a user-defined reduction for MPI. rank q holds q at every
   // element of chunk r, so the maximum is W - 1 everywhere.
   std::vector<at::Tensor> half_inputs;

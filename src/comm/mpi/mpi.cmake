@@ -7,6 +7,7 @@ if(DDP_HAVE_MPI)
     src/comm/mpi/mpi_types.cpp
     src/comm/mpi/mpi_engine.cpp
     src/comm/mpi/mpi_ring.cpp
+    src/comm/mpi/mpi_reduce_scatter.cpp
     src/comm/mpi/mpi_shared_buffers.cpp
     src/comm/mpi/mpi_sparse.cpp
     src/comm/mpi/process_group_mpi.cpp)

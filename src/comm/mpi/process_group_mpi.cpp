@@ -28,6 +28,7 @@
 #include "comm/fingerprint.h"
 #include "comm/host_staging.h"
 #include "comm/mpi/mpi_engine.h"
+#include "comm/mpi/mpi_reduce_scatter.h"
 #include "comm/mpi/mpi_ring.h"
 #include "comm/mpi/mpi_runtime.h"
 #include "comm/mpi/mpi_shared_buffers.h"
@@ -557,6 +558,10 @@ std::shared_ptr<Work> ProcessGroupMPI::reduce_scatter(const at::Tensor& output,
   }
   checked_count(total, who, "the inputs together");
   const bool even = std::all_of(counts.begin(), counts.end(), [&](int c) { return c == counts[0]; });
+  // See mpi_reduce_scatter.h: ours where ddp has a kernel for the pair.
+  auto kernel = internal::reduce_kernel(output.scalar_type(), options.op);
+  const MPI_Datatype datatype = mpi::datatype_of(output.scalar_type());
+  const int rank = this->rank();
   internal::ContiguousArguments args;
   std::vector<at::Tensor> tensors = args.inputs(inputs);
   tensors.push_back(args.output(output, who, "output"));
@@ -564,13 +569,16 @@ std::shared_ptr<Work> ProcessGroupMPI::reduce_scatter(const at::Tensor& output,
       internal::Fingerprint{"reduce_scatter", output.scalar_type(), total, options.op},
       resolve_timeout(options.timeout), args.keep(tensors), bytes_of(inputs),
       args.wrap([output = tensors.back(), inputs = std::vector<at::Tensor>(tensors.begin(), tensors.end() - 1),
-                 counts, total, even, reduction, average, size](MPI_Comm comm) {
+                 counts, total, even, reduction, average, size, kernel, datatype, rank](MPI_Comm comm) {
         internal::HostStaging staging;
         const auto host_output = staging.in(output);
         // A new buffer unless the inputs lie end to end apart from the output.
         const auto flat = inputs_on_host(inputs, host_output);
         if (total > 0) {
-          if (even) {
+          if (kernel) {
+            mpi::direct_reduce_scatter(flat.data_ptr(), counts, host_output.data_ptr(), flat.element_size(),
+                                       datatype, kernel, comm, rank, size);
+          } else if (even) {
             mpi::check_mpi(MPI_Reduce_scatter_block(flat.data_ptr(), host_output.data_ptr(),
                                                     counts[0], reduction.datatype, reduction.op,
                                                     comm),
