@@ -27,6 +27,7 @@
 #include <ddp/nn/insight.h>
 #include <ddp/nn/join.h>
 #include <ddp/nn/powersgd_hook.h>
+#include <ddp/nn/sharded_checkpoint.h>
 #include <ddp/nn/sync_batch_norm.h>
 #include <ddp/optim/zero_redundancy_optimizer.h>
 #include <ddp/timeline.h>

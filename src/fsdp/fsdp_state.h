@@ -96,4 +96,13 @@ struct FullyShardedDataParallelImpl::State : std::enable_shared_from_this<State>
   int next_in_last_order(size_t unit) const;
 };
 
+namespace detail {
+// What the code around FullyShardedDataParallelImpl (sharded checkpoints)
+// reads of it.
+struct FsdpAccess {
+  static FullyShardedDataParallelImpl::State& state(FullyShardedDataParallelImpl& model) { return *model.state_; }
+  static torch::nn::Module& module(FullyShardedDataParallelImpl& model) { return *model.module_; }
+};
+} // namespace detail
+
 } // namespace ddp

@@ -116,7 +116,9 @@ inline constexpr EnvVar kEnvDebug{"DDP_DEBUG", "0",
 inline constexpr EnvVar kEnvTestCheckpointCrashAt{"DDP_TEST_CHECKPOINT_CRASH_AT", nullptr,
     "Tests only: the point of save_checkpoint at which the saving process kills itself with "
     "SIGKILL (begin, optimizer-partial, optimizer-written, model-partial, model-written, "
-    "committed, optimizer-renamed; see Note [Checkpoint crash points] in src/nn/checkpoint.cpp). "
+    "committed, optimizer-renamed; and of save_sharded_checkpoint: sharded-rank-file, "
+    "sharded-manifest, sharded-committed; see Note [Checkpoint crash points] in "
+    "src/nn/checkpoint_files.h). "
     "Unset: never."};
 inline constexpr EnvVar kEnvTestInitExitAt{"DDP_TEST_INIT_EXIT_AT", nullptr,
     "Tests only: <point>:<rank>: that rank leaves the process with _Exit(86) at that point of "

@@ -54,11 +54,14 @@
 #include <vector>
 
 #include "internal/check.h"
+#include "nn/checkpoint_files.h"
 #include "internal/env.h"
 
 namespace ddp {
 
 namespace {
+
+using namespace internal; // checkpoint_files.h
 
 // The key of the manifest in the model file's archive. torch::load(module)
 // reads only the module's own names, so a plain program never sees it.
@@ -66,30 +69,12 @@ constexpr const char* kManifestKey = "ddp_checkpoint_manifest";
 // The manifest's first line; the number is the format version.
 constexpr const char* kManifestMagic = "ddp_checkpoint";
 constexpr int kFormatVersion = 1;
-constexpr size_t kReadChunkBytes = 1 << 20;
 
 std::string who(const ProcessGroup& group, const char* op) {
   return c10::str("[rank ", group.rank(), "/", group.size(), "] ", op);
 }
 
-std::string errno_text(int error) {
-  return std::strerror(error);
-}
-
 // ---- Paths ---------------------------------------------------------------------
-
-std::string directory_of(const std::string& path) {
-  const size_t slash = path.rfind('/');
-  if (slash == std::string::npos) {
-    return ".";
-  }
-  return slash == 0 ? "/" : path.substr(0, slash);
-}
-
-std::string base_name_of(const std::string& path) {
-  const size_t slash = path.rfind('/');
-  return slash == std::string::npos ? path : path.substr(slash + 1);
-}
 
 std::string optimizer_path(const std::string& path) {
   return path + ".optimizer";
@@ -97,214 +82,6 @@ std::string optimizer_path(const std::string& path) {
 
 std::string pending_optimizer_path(const std::string& path, const std::string& save_id) {
   return optimizer_path(path) + "." + save_id;
-}
-
-bool all_of_chars(const std::string& text, size_t from, const char* allowed) {
-  return from < text.size() && text.find_first_not_of(allowed, from) == std::string::npos;
-}
-
-// ---- Checksum ------------------------------------------------------------------
-
-// A 64-bit checksum of a byte stream fed in pieces of any size, eight bytes
-// at a time (a byte at a time would cost seconds on a large optimizer state).
-// It tells files apart; it is not cryptographic.
-// Thread-safety: none; one per file, used by one thread.
-class Checksum {
- public:
-  void feed(const void* data, size_t size) {
-    const auto* bytes = static_cast<const unsigned char*>(data);
-    total_ += size;
-    while (size > 0 && carry_size_ > 0) {
-      carry_[carry_size_++] = *bytes++;
-      --size;
-      if (carry_size_ == 8) {
-        mix(load(carry_));
-        carry_size_ = 0;
-      }
-    }
-    for (; size >= 8; size -= 8, bytes += 8) {
-      mix(load(bytes));
-    }
-    while (size-- > 0) {
-      carry_[carry_size_++] = *bytes++;
-    }
-  }
-
-  uint64_t value() const {
-    uint64_t h = state_;
-    uint64_t tail = 0;
-    for (size_t i = 0; i < carry_size_; ++i) {
-      tail |= static_cast<uint64_t>(carry_[i]) << (8 * i);
-    }
-    h = (h ^ tail ^ total_) * kMultiplier;
-    h ^= h >> 29;
-    h *= 0xbf58476d1ce4e5b9ull;
-    return h ^ (h >> 32);
-  }
-
-  uint64_t size() const {
-    return total_;
-  }
-
- private:
-  static constexpr uint64_t kMultiplier = 0x9e3779b97f4a7c15ull;
-
-  static uint64_t load(const unsigned char* bytes) {
-    uint64_t word = 0;
-    for (int i = 0; i < 8; ++i) { // little-endian on every host
-      word |= static_cast<uint64_t>(bytes[i]) << (8 * i);
-    }
-    return word;
-  }
-
-  void mix(uint64_t word) {
-    state_ = ((state_ ^ word) * kMultiplier);
-    state_ = (state_ << 27) | (state_ >> 37);
-  }
-
-  uint64_t state_ = 0x243f6a8885a308d3ull;
-  uint64_t total_ = 0;
-  unsigned char carry_[8] = {};
-  size_t carry_size_ = 0;
-};
-
-std::string hex64(uint64_t value) {
-  char text[17];
-  std::snprintf(text, sizeof text, "%016" PRIx64, value);
-  return text;
-}
-
-// ---- Files ---------------------------------------------------------------------
-
-// A file being written with write(2), so that it can be fsync'ed before it
-// is renamed into place; it keeps the checksum of what was written.
-// Thread-safety: none; used by rank 0's calling thread.
-class NewFile {
- public:
-  explicit NewFile(std::string path) : path_(std::move(path)) {
-    fd_ = ::open(path_.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0666);
-    if (fd_ < 0) {
-      throw std::runtime_error(c10::str("cannot create '", path_, "': ", errno_text(errno)));
-    }
-  }
-
-  NewFile(const NewFile&) = delete;
-  NewFile& operator=(const NewFile&) = delete;
-
-  ~NewFile() {
-    if (fd_ >= 0) {
-      ::close(fd_);
-    }
-  }
-
-  // The writer function of OutputArchive::save_to: returns `size` when all
-  // was written, less on an error (the archive then fails; finish() names
-  // the error). Never throws, since it is called from inside the zip writer.
-  size_t write(const void* data, size_t size) noexcept {
-    const auto* bytes = static_cast<const char*>(data);
-    size_t done = 0;
-    while (done < size && error_ == 0) {
-      const ssize_t n = ::write(fd_, bytes + done, size - done);
-      if (n < 0 && errno == EINTR) {
-        continue;
-      }
-      if (n <= 0) {
-        error_ = n < 0 ? errno : EIO;
-        break;
-      }
-      done += static_cast<size_t>(n);
-    }
-    checksum_.feed(data, done);
-    return done;
-  }
-
-  // Writes `archive` to the file.
-  void save(torch::serialize::OutputArchive& archive) {
-    try {
-      archive.save_to([this](const void* data, size_t size) { return write(data, size); });
-    } catch (const std::exception& e) {
-      if (error_ == 0) {
-        throw;
-      }
-      // The archive's own message says only that a write failed.
-    }
-    if (error_ != 0) {
-      throw std::runtime_error(c10::str("cannot write '", path_, "': ", errno_text(error_)));
-    }
-  }
-
-  // Flushes the file to the disk and closes it: a file renamed into place
-  // must be complete after a power cut too, not only after a crash.
-  void finish() {
-    if (::fsync(fd_) != 0) {
-      throw std::runtime_error(c10::str("cannot fsync '", path_, "': ", errno_text(errno)));
-    }
-    const int fd = fd_;
-    fd_ = -1;
-    if (::close(fd) != 0) {
-      throw std::runtime_error(c10::str("cannot close '", path_, "': ", errno_text(errno)));
-    }
-  }
-
-  int fd() const {
-    return fd_;
-  }
-
-  const Checksum& checksum() const {
-    return checksum_;
-  }
-
- private:
-  std::string path_;
-  int fd_ = -1;
-  int error_ = 0;
-  Checksum checksum_;
-};
-
-void sync_directory(const std::string& dir) {
-  const int fd = ::open(dir.c_str(), O_RDONLY | O_DIRECTORY | O_CLOEXEC);
-  if (fd < 0) {
-    return; // some file systems cannot open a directory; the rename stands
-  }
-  ::fsync(fd);
-  ::close(fd);
-}
-
-void rename_file(const std::string& from, const std::string& to) {
-  if (std::rename(from.c_str(), to.c_str()) != 0) {
-    throw std::runtime_error(
-        c10::str("cannot rename '", from, "' to '", to, "': ", errno_text(errno)));
-  }
-}
-
-// Size and checksum of the file at `path`, or nullopt when it does not exist.
-std::optional<Checksum> checksum_of_file(const std::string& path) {
-  const int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
-  if (fd < 0) {
-    if (errno == ENOENT) {
-      return std::nullopt;
-    }
-    throw std::runtime_error(c10::str("cannot open '", path, "': ", errno_text(errno)));
-  }
-  Checksum checksum;
-  std::vector<char> buffer(kReadChunkBytes);
-  while (true) {
-    const ssize_t n = ::read(fd, buffer.data(), buffer.size());
-    if (n < 0 && errno == EINTR) {
-      continue;
-    }
-    if (n < 0) {
-      const int error = errno;
-      ::close(fd);
-      throw std::runtime_error(c10::str("cannot read '", path, "': ", errno_text(error)));
-    }
-    if (n == 0) {
-      break;
-    }
-    checksum.feed(buffer.data(), static_cast<size_t>(n));
-  }
-  ::close(fd);
-  return checksum;
 }
 
 // Removes the files of `path`'s killed saves from its directory: temporary
@@ -338,25 +115,6 @@ void remove_leftovers(const std::string& path, bool pending_too) {
   for (const std::string& file : doomed) {
     std::remove(file.c_str());
   }
-}
-
-// ---- Test hook -------------------------------------------------------------------
-
-// Note [Checkpoint crash points]: DDP_TEST_CHECKPOINT_CRASH_AT=<point> makes
-// the saving process kill itself with SIGKILL at that point of a save, as a
-// killed job would die, so that tests can check what every point leaves.
-// With `half_written` set, the file it names is first cut to half its size,
-// as a crash in the middle of the write would leave it.
-void crash_point(const char* point, const NewFile* half_written = nullptr) {
-  const auto chosen = internal::env_get(internal::kEnvTestCheckpointCrashAt);
-  if (!chosen || *chosen != point) {
-    return;
-  }
-  if (half_written != nullptr) {
-    ::ftruncate(half_written->fd(), static_cast<off_t>(half_written->checksum().size() / 2));
-  }
-  ::kill(::getpid(), SIGKILL);
-  ::pause();
 }
 
 // ---- Manifest ----------------------------------------------------------------------
@@ -430,17 +188,6 @@ struct Manifest {
     return m;
   }
 };
-
-std::string new_save_id() {
-  std::random_device device;
-  const uint64_t random = (static_cast<uint64_t>(device()) << 32) ^ device();
-  const auto now = static_cast<uint64_t>(
-      std::chrono::system_clock::now().time_since_epoch().count());
-  Checksum mix;
-  const uint64_t parts[] = {random, now, static_cast<uint64_t>(::getpid())};
-  mix.feed(parts, sizeof parts);
-  return hex64(mix.value());
-}
 
 // ---- Save ---------------------------------------------------------------------------
 

@@ -12,6 +12,7 @@ ddp_add_part(ddp_nn
   src/nn/comm_hooks.cpp
   src/nn/powersgd_hook.cpp
   src/nn/join.cpp
+  src/nn/checkpoint_files.cpp
   src/nn/checkpoint.cpp
   src/nn/sync_batch_norm.cpp)
 target_precompile_headers(ddp_nn PRIVATE <torch/torch.h>)

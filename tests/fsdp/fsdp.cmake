@@ -13,3 +13,11 @@ if(DDP_HAVE_MPI)
     ddp_add_mpi_test(fsdp_mpi_${np}_ranks NP ${np} COMMAND fsdp_main CASES 28 TIMEOUT 180)
   endforeach()
 endif()
+
+# Sharded checkpoints: resume equals an uninterrupted run, another world
+# size through a full state, a save killed at each point of its commit.
+ddp_add_nn_program(fsdp_checkpoint_main fsdp/fsdp_checkpoint_main.cpp)
+add_test(NAME fsdp_sharded_checkpoint
+  COMMAND bash ${CMAKE_CURRENT_LIST_DIR}/sharded_checkpoint_cases.sh $<TARGET_FILE:ddprun>
+    $<TARGET_FILE:fsdp_checkpoint_main>)
+set_tests_properties(fsdp_sharded_checkpoint PROPERTIES TIMEOUT 240 LABELS integration)

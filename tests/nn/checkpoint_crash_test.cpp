@@ -1,7 +1,7 @@
 // save_checkpoint killed at each point of a save: under ddprun with 2 ranks,
 // rank 0 (the one that writes) kills itself with SIGKILL at a chosen point of
 // its second save (DDP_TEST_CHECKPOINT_CRASH_AT, see Note [Checkpoint crash
-// points] in src/nn/checkpoint.cpp). What it leaves must load as a matching
+// points] in src/nn/checkpoint_files.h). What it leaves must load as a matching
 // pair: the old save before the commit, the new one after it; and the next
 // save must remove the files the killed one left. The ranks are
 // ddp_checkpoint_crash_main, started by ddprun, which this test forks and

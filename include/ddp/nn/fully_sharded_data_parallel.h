@@ -107,6 +107,7 @@ struct FullStateDictOptions {
 
 namespace detail {
 class FsdpUnitState;
+struct FsdpAccess;
 } // namespace detail
 
 /// A unit of a custom module under FullyShardedDataParallel: wrap a
@@ -285,6 +286,7 @@ class FullyShardedDataParallelImpl : public torch::nn::Module {
   struct State;
 
  private:
+  friend struct detail::FsdpAccess; // the sharded checkpoints' way in
   FullyShardedDataParallelImpl(torch::nn::AnyModule any, std::shared_ptr<torch::nn::SequentialImpl> sequential,
                                std::shared_ptr<torch::nn::Module> module,
                                const FullyShardedDataParallelOptions& options);

@@ -1,0 +1,205 @@
+#pragma once
+
+// Files that survive a crash: what DistributedDataParallel's checkpoints
+// (src/nn/checkpoint.cpp) and FullyShardedDataParallel's sharded ones
+// (src/fsdp/sharded_checkpoint.cpp) write through (private header). A file
+// is written under a temporary name with write(2), its checksum kept as it
+// goes, fsync'ed, and renamed into place; the directory is fsync'ed after
+// the rename.
+
+#include <torch/serialize/output-archive.h>
+
+#include <fcntl.h>
+#include <unistd.h>
+
+#include <cstddef>
+#include <cstdint>
+#include <optional>
+#include <stdexcept>
+#include <string>
+
+#include <c10/util/StringUtil.h>
+
+namespace ddp::internal {
+
+std::string errno_text(int error);
+
+// The directory part of `path` ("." when it has none), and the rest.
+std::string directory_of(const std::string& path);
+std::string base_name_of(const std::string& path);
+
+// True when text[from..] is not empty and holds only `allowed` characters.
+bool all_of_chars(const std::string& text, size_t from, const char* allowed);
+
+// A 64-bit checksum of a byte stream fed in pieces of any size, eight bytes
+// at a time (a byte at a time would cost seconds on a large optimizer state).
+// It tells files apart; it is not cryptographic.
+// Thread-safety: none; one per file, used by one thread.
+class Checksum {
+ public:
+  void feed(const void* data, size_t size) {
+    const auto* bytes = static_cast<const unsigned char*>(data);
+    total_ += size;
+    while (size > 0 && carry_size_ > 0) {
+      carry_[carry_size_++] = *bytes++;
+      --size;
+      if (carry_size_ == 8) {
+        mix(load(carry_));
+        carry_size_ = 0;
+      }
+    }
+    for (; size >= 8; size -= 8, bytes += 8) {
+      mix(load(bytes));
+    }
+    while (size-- > 0) {
+      carry_[carry_size_++] = *bytes++;
+    }
+  }
+
+  uint64_t value() const {
+    uint64_t h = state_;
+    uint64_t tail = 0;
+    for (size_t i = 0; i < carry_size_; ++i) {
+      tail |= static_cast<uint64_t>(carry_[i]) << (8 * i);
+    }
+    h = (h ^ tail ^ total_) * kMultiplier;
+    h ^= h >> 29;
+    h *= 0xbf58476d1ce4e5b9ull;
+    return h ^ (h >> 32);
+  }
+
+  uint64_t size() const {
+    return total_;
+  }
+
+ private:
+  static constexpr uint64_t kMultiplier = 0x9e3779b97f4a7c15ull;
+
+  static uint64_t load(const unsigned char* bytes) {
+    uint64_t word = 0;
+    for (int i = 0; i < 8; ++i) { // little-endian on every host
+      word |= static_cast<uint64_t>(bytes[i]) << (8 * i);
+    }
+    return word;
+  }
+
+  void mix(uint64_t word) {
+    state_ = ((state_ ^ word) * kMultiplier);
+    state_ = (state_ << 27) | (state_ >> 37);
+  }
+
+  uint64_t state_ = 0x243f6a8885a308d3ull;
+  uint64_t total_ = 0;
+  unsigned char carry_[8] = {};
+  size_t carry_size_ = 0;
+};
+
+// `value` as 16 hexadecimal digits.
+std::string hex64(uint64_t value);
+
+// A file being written with write(2), so that it can be fsync'ed before it
+// is renamed into place; it keeps the checksum of what was written.
+// Thread-safety: none; used by rank 0's calling thread.
+class NewFile {
+ public:
+  explicit NewFile(std::string path) : path_(std::move(path)) {
+    fd_ = ::open(path_.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0666);
+    if (fd_ < 0) {
+      throw std::runtime_error(c10::str("cannot create '", path_, "': ", errno_text(errno)));
+    }
+  }
+
+  NewFile(const NewFile&) = delete;
+  NewFile& operator=(const NewFile&) = delete;
+
+  ~NewFile() {
+    if (fd_ >= 0) {
+      ::close(fd_);
+    }
+  }
+
+  // The writer function of OutputArchive::save_to: returns `size` when all
+  // was written, less on an error (the archive then fails; finish() names
+  // the error). Never throws, since it is called from inside the zip writer.
+  size_t write(const void* data, size_t size) noexcept {
+    const auto* bytes = static_cast<const char*>(data);
+    size_t done = 0;
+    while (done < size && error_ == 0) {
+      const ssize_t n = ::write(fd_, bytes + done, size - done);
+      if (n < 0 && errno == EINTR) {
+        continue;
+      }
+      if (n <= 0) {
+        error_ = n < 0 ? errno : EIO;
+        break;
+      }
+      done += static_cast<size_t>(n);
+    }
+    checksum_.feed(data, done);
+    return done;
+  }
+
+  // Writes `archive` to the file.
+  void save(torch::serialize::OutputArchive& archive) {
+    try {
+      archive.save_to([this](const void* data, size_t size) { return write(data, size); });
+    } catch (const std::exception& e) {
+      if (error_ == 0) {
+        throw;
+      }
+      // The archive's own message says only that a write failed.
+    }
+    if (error_ != 0) {
+      throw std::runtime_error(c10::str("cannot write '", path_, "': ", errno_text(error_)));
+    }
+  }
+
+  // Flushes the file to the disk and closes it: a file renamed into place
+  // must be complete after a power cut too, not only after a crash.
+  void finish() {
+    if (::fsync(fd_) != 0) {
+      throw std::runtime_error(c10::str("cannot fsync '", path_, "': ", errno_text(errno)));
+    }
+    const int fd = fd_;
+    fd_ = -1;
+    if (::close(fd) != 0) {
+      throw std::runtime_error(c10::str("cannot close '", path_, "': ", errno_text(errno)));
+    }
+  }
+
+  int fd() const {
+    return fd_;
+  }
+
+  const Checksum& checksum() const {
+    return checksum_;
+  }
+
+ private:
+  std::string path_;
+  int fd_ = -1;
+  int error_ = 0;
+  Checksum checksum_;
+};
+
+// fsync of a directory, after a rename in it (best effort: some file
+// systems cannot open a directory).
+void sync_directory(const std::string& dir);
+
+// rename(2), throwing std::runtime_error naming both paths.
+void rename_file(const std::string& from, const std::string& to);
+
+// Size and checksum of the file at `path`, or nullopt when it does not exist.
+std::optional<Checksum> checksum_of_file(const std::string& path);
+
+// Note [Checkpoint crash points]: DDP_TEST_CHECKPOINT_CRASH_AT=<point> makes
+// the saving process kill itself with SIGKILL at that point of a save, as a
+// killed job would die, so that tests can check what every point leaves.
+// With `half_written` set, the file it names is first cut to half its size,
+// as a crash in the middle of the write would leave it.
+void crash_point(const char* point, const NewFile* half_written = nullptr);
+
+// 16 hexadecimal digits, different for every save (random, time, pid).
+std::string new_save_id();
+
+} // namespace ddp::internal
