@@ -62,6 +62,8 @@ const char* usage() {
          "  --optimizer-sharding S  where SGD's momentum lives: none (every rank), zero1\n"
          "                         (sharded, ZeroRedundancyOptimizer) or zero2 (gradients\n"
          "                         sharded too, steps during backward; default none)\n"
+         "  --fsdp S               shard the parameters too (FullyShardedDataParallel, each\n"
+         "                         layer a unit): full or grad-op (default: DDP)\n"
          "  -h, --help             print this and exit\n";
 }
 
@@ -94,6 +96,13 @@ Flags parse_flags(int argc, char** argv) {
            throw FlagError(f + " must be none, zero1 or zero2 (got '" + v + "')");
          }
          flags.optimizer_sharding = v;
+       }},
+      {"--fsdp",
+       [&](auto& f, auto& v) {
+         if (v != "full" && v != "grad-op") {
+           throw FlagError(f + " must be full or grad-op (got '" + v + "')");
+         }
+         flags.fsdp = v;
        }},
       {"--bucket-cap-mb",
        [&](auto& f, auto& v) { flags.bucket_cap_mb = parse_double(f, v, 1e-6, 1e6, "> 0"); }},
@@ -136,6 +145,10 @@ Flags parse_flags(int argc, char** argv) {
   if (flags.stop_after_epoch > 0 && flags.checkpoint_dir.empty()) {
     throw FlagError("--stop-after-epoch needs --checkpoint-dir (stopping without a checkpoint "
                     "would lose the epochs trained)");
+  }
+  if (!flags.fsdp.empty() && (flags.optimizer_sharding != "none" || flags.comm_hook != "allreduce")) {
+    throw FlagError("--fsdp shards the optimizer state and reduce-scatters the gradients itself: it "
+                    "takes neither --optimizer-sharding nor --comm-hook");
   }
   return flags;
 }

@@ -54,6 +54,9 @@ struct Flags {
   /// rank keeps its shard) or "zero2" (the gradients sharded too, the steps
   /// run during backward).
   std::string optimizer_sharding = "none";
+  /// Train under ddp::FullyShardedDataParallel instead of DDP: "" (no),
+  /// "full" (kFullShard) or "grad-op" (kShardGradOp); each layer a unit.
+  std::string fsdp;
   /// Print the usage and exit.
   bool help = false;
 };

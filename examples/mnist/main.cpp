@@ -39,6 +39,7 @@
 #include <cstdio>
 #include <fstream>
 #include <memory>
+#include <functional>
 #include <optional>
 #include <sstream>
 #include <string>
@@ -202,7 +203,9 @@ void remove_other_checkpoints(const std::string& dir, int64_t keep) {
   while (const dirent* entry = ::readdir(listing)) {
     const std::string name = entry->d_name;
     const bool ours = name.rfind("epoch-", 0) == 0 && name.find(".pt") != std::string::npos;
-    if (ours && name != kept && name != kept + ".optimizer") {
+    // Keeps epoch-N.pt and every file named after it (its optimizer state,
+    // a sharded checkpoint's rank files).
+    if (ours && name != kept && name.rfind(kept + ".", 0) != 0) {
       std::remove((dir + "/" + name).c_str()); // best effort
     }
   }
@@ -318,7 +321,13 @@ struct Accuracy {
 // others at each batch. Without per-batch collectives the shares may be
 // uneven, so unlike DistributedSampler, which pads the last round by
 // repeating examples, no example is counted twice.
-Accuracy evaluate(mnist::ConvNetImpl& net, mnist::ImageDataset& test, ddp::ProcessGroup& group,
+//
+// Under --fsdp, `net` is the FullyShardedDataParallel model itself (its
+// parameters live sharded between calls); its forward under no_grad gathers
+// each unit and frees it, and every rank runs the same number of batches
+// (ceil(n / W / batch)), the last ones possibly empty.
+Accuracy evaluate(torch::nn::Module& net, const std::function<torch::Tensor(const torch::Tensor&)>& forward,
+                  bool collective_forward, mnist::ImageDataset& test, ddp::ProcessGroup& group,
                   torch::Device device, int64_t batch_size) {
   torch::NoGradGuard no_grad;
   net.eval();
@@ -326,13 +335,20 @@ Accuracy evaluate(mnist::ConvNetImpl& net, mnist::ImageDataset& test, ddp::Proce
   const int64_t begin = n * group.rank() / group.size();
   const int64_t end = n * (group.rank() + 1) / group.size();
   auto correct = torch::zeros({}, torch::TensorOptions().dtype(torch::kLong).device(device));
-  for (int64_t first = begin; first < end; first += batch_size) {
+  // The most examples a rank has: with a collective forward, every rank runs
+  // that many batches.
+  const int64_t most = collective_forward ? (n + group.size() - 1) / group.size() : end - begin;
+  for (int64_t first = begin; first < begin + most; first += batch_size) {
     std::vector<size_t> indices;
     for (int64_t i = first; i < std::min(end, first + batch_size); ++i) {
       indices.push_back(static_cast<size_t>(i));
     }
+    if (indices.empty()) {
+      forward(torch::zeros({0, 1, 28, 28}, torch::TensorOptions().device(device)));
+      continue;
+    }
     auto batch = test.get_batch(indices);
-    auto predicted = net.forward(batch.data.to(device)).argmax(1);
+    auto predicted = forward(batch.data.to(device)).argmax(1);
     correct += predicted.eq(batch.target.to(device)).sum();
   }
   net.train();
@@ -453,16 +469,34 @@ int train(const Flags& flags, const ddp::WorldInfo& world, torch::Device device,
 
   // The same seed on every rank gives the same initial parameters; DDP's
   // constructor would make them equal anyway (it broadcasts rank 0's).
+  // With --fsdp the model is FullyShardedDataParallel over FsdpConvNet (the
+  // same layers, each a unit): each rank keeps a shard of every layer.
   torch::manual_seed(flags.seed);
-  mnist::ConvNet net;
-  net->to(device);
-  auto ddp_options = ddp::DistributedDataParallelOptions()
-                         .bucket_cap_mb(flags.bucket_cap_mb)
-                         .first_bucket_cap_mb(std::min(1.0, flags.bucket_cap_mb));
-  if (device.is_cuda()) {
-    ddp_options.device_ids({device});
+  std::optional<ddp::DistributedDataParallel> model;
+  std::optional<ddp::FullyShardedDataParallel> fsdp;
+  std::shared_ptr<torch::nn::Module> wrapper; // model's or fsdp's module
+  std::function<torch::Tensor(const torch::Tensor&)> forward;
+  if (!flags.fsdp.empty()) {
+    mnist::FsdpConvNet net;
+    net->to(device);
+    fsdp.emplace(net, ddp::FullyShardedDataParallelOptions().sharding_strategy(
+                          flags.fsdp == "full" ? ddp::ShardingStrategy::kFullShard
+                                               : ddp::ShardingStrategy::kShardGradOp));
+    wrapper = fsdp->ptr();
+    forward = [&fsdp](const torch::Tensor& x) { return (*fsdp)(x); };
+  } else {
+    mnist::ConvNet net;
+    net->to(device);
+    auto ddp_options = ddp::DistributedDataParallelOptions()
+                           .bucket_cap_mb(flags.bucket_cap_mb)
+                           .first_bucket_cap_mb(std::min(1.0, flags.bucket_cap_mb));
+    if (device.is_cuda()) {
+      ddp_options.device_ids({device});
+    }
+    model.emplace(net, ddp_options);
+    wrapper = model->ptr();
+    forward = [&model](const torch::Tensor& x) { return (*model)(x); };
   }
-  ddp::DistributedDataParallel model(net, ddp_options);
   // PowerSGD's error feedback and Q memories live in this state, not in the
   // checkpoints: a resumed run starts them afresh.
   std::shared_ptr<ddp::comm_hooks::PowerSGDState> powersgd;
@@ -471,11 +505,11 @@ int train(const Flags& flags, const ddp::WorldInfo& world, torch::Device device,
         ddp::comm_hooks::PowerSGDOptions()
             .matrix_approximation_rank(flags.powersgd_rank)
             .start_powerSGD_iter(flags.powersgd_start_iter));
-    model->register_comm_hook(ddp::comm_hooks::powerSGD(powersgd));
+    (*model)->register_comm_hook(ddp::comm_hooks::powerSGD(powersgd));
   } else if (flags.comm_hook == "fp16") {
-    model->register_comm_hook(ddp::comm_hooks::fp16_compress());
+    (*model)->register_comm_hook(ddp::comm_hooks::fp16_compress());
   } else if (flags.comm_hook == "bf16") {
-    model->register_comm_hook(ddp::comm_hooks::bf16_compress());
+    (*model)->register_comm_hook(ddp::comm_hooks::bf16_compress());
   }
   // With --optimizer-sharding zero1 each rank keeps the momentum of its
   // shard of the parameters only; with zero2 also only its shard's
@@ -486,13 +520,14 @@ int train(const Flags& flags, const ddp::WorldInfo& world, torch::Device device,
   if (flags.optimizer_sharding != "none") {
     const int stage = flags.optimizer_sharding == "zero2" ? 2 : 1;
     auto zero = std::make_unique<ddp::optim::ZeroRedundancyOptimizer<torch::optim::SGD>>(
-        model->parameters(), sgd_options, ddp::optim::ZeroRedundancyOptimizerOptions().stage(stage));
+        (*model)->parameters(), sgd_options, ddp::optim::ZeroRedundancyOptimizerOptions().stage(stage));
     if (stage == 2) {
-      zero->overlap_with(model);
+      zero->overlap_with(*model);
     }
     sgd = std::move(zero);
   } else {
-    sgd = std::make_unique<torch::optim::SGD>(model->parameters(), sgd_options);
+    // Under --fsdp, wrapper->parameters() are this rank's shards.
+    sgd = std::make_unique<torch::optim::SGD>(wrapper->parameters(), sgd_options);
   }
   torch::optim::Optimizer& optimizer = *sgd;
 
@@ -520,7 +555,8 @@ int train(const Flags& flags, const ddp::WorldInfo& world, torch::Device device,
                 static_cast<long long>(flags.batch_size),
                 static_cast<long long>(flags.batch_size * group->size()), flags.lr,
                 flags.momentum,
-                flags.optimizer_sharding == "none"
+                !flags.fsdp.empty() ? (", FullyShardedDataParallel (" + flags.fsdp + ")").c_str()
+                : flags.optimizer_sharding == "none"
                     ? ""
                     : (", sharded over the ranks (" + flags.optimizer_sharding + ")").c_str());
     if (powersgd) {
@@ -535,7 +571,14 @@ int train(const Flags& flags, const ddp::WorldInfo& world, torch::Device device,
   if (completed_epochs > 0) {
     // Every rank reads the file onto its own device.
     const std::string path = checkpoint_path(flags.checkpoint_dir, completed_epochs);
-    ddp::load_checkpoint(model, optimizer, path);
+    if (!fsdp) {
+      ddp::load_checkpoint(*model, optimizer, path);
+    } else if (ddp::sharded_checkpoint_world_size(path) == group->size()) {
+      ddp::load_sharded_checkpoint(*fsdp, optimizer, path); // each rank its own file
+    } else {
+      // Another world size: the full state, resharded; momentum starts afresh.
+      (*fsdp)->load_full_state_dict(ddp::read_sharded_checkpoint_full(path));
+    }
     if (is_rank0) {
       std::printf("mnist_train: resumed from %s: %lld of %lld epochs done%s\n", path.c_str(),
                   static_cast<long long>(completed_epochs), static_cast<long long>(flags.epochs),
@@ -560,7 +603,7 @@ int train(const Flags& flags, const ddp::WorldInfo& world, torch::Device device,
       auto x = batch.data.to(device, /*non_blocking=*/true);
       auto y = batch.target.to(device, /*non_blocking=*/true);
       optimizer.zero_grad();
-      auto loss = torch::nn::functional::cross_entropy(model(x), y);
+      auto loss = torch::nn::functional::cross_entropy(forward(x), y);
       loss.backward(); // averages the gradients across ranks
       {
         // A span on the timeline's optimizer track (ddprun --trace DIR);
@@ -599,8 +642,12 @@ int train(const Flags& flags, const ddp::WorldInfo& world, torch::Device device,
     const double train_loss = totals[0].item<double>() / totals[1].item<double>();
     const double samples_per_s = totals[1].item<double>() / train_seconds;
 
-    const Accuracy accuracy = evaluate(*model->module_as<mnist::ConvNetImpl>(), split->test,
-                                       *group, device, flags.batch_size);
+    // DDP: the inner module, with no collective per batch; FSDP: the model.
+    const Accuracy accuracy =
+        fsdp ? evaluate(**fsdp, forward, true, split->test, *group, device, flags.batch_size)
+             : evaluate(*(*model)->module(),
+                        [&](const torch::Tensor& x) { return (*model)->module_as<mnist::ConvNetImpl>()->forward(x); },
+                        false, split->test, *group, device, flags.batch_size);
     const double accuracy_value =
         accuracy.total > 0 ? static_cast<double>(accuracy.correct) / accuracy.total : 0.0;
     const double seconds =
@@ -615,7 +662,11 @@ int train(const Flags& flags, const ddp::WorldInfo& world, torch::Device device,
       // model stays where it is (moving it to the CPU to save, as some
       // PyTorch code does, would take it out of DDP's hands).
       const std::string path = checkpoint_path(flags.checkpoint_dir, epoch);
-      ddp::save_checkpoint(model, optimizer, path);
+      if (fsdp) {
+        ddp::save_sharded_checkpoint(*fsdp, optimizer, path);
+      } else {
+        ddp::save_checkpoint(*model, optimizer, path);
+      }
       if (is_rank0) {
         write_sidecar(flags.checkpoint_dir,
                       Sidecar{epoch, group->size(), flags.batch_size, flags.seed});
@@ -643,7 +694,7 @@ int train(const Flags& flags, const ddp::WorldInfo& world, torch::Device device,
   if (powersgd && is_rank0) {
     // What the default hook would send: every gradient, once per step.
     int64_t numel = 0;
-    for (const auto& p : model->parameters()) {
+    for (const auto& p : wrapper->parameters()) {
       numel += p.numel();
     }
     const auto stats = powersgd->compression_stats();
@@ -658,11 +709,29 @@ int train(const Flags& flags, const ddp::WorldInfo& world, torch::Device device,
   }
 
   // A last check that DDP kept the replicas equal, and a checksum by which
-  // two runs can be compared.
-  const double difference = model->max_parameter_difference_across_ranks();
+  // two runs can be compared. Under FSDP each rank holds other shards: the
+  // checksum is of the full parameters, gathered (a collective).
+  if (fsdp) {
+    auto full = (*fsdp)->full_state_dict();
+    torch::nn::Module parameters;
+    for (const auto& item : full) {
+      if ((*fsdp)->module()->named_parameters().contains(item.key())) {
+        parameters.register_parameter(std::to_string(parameters.parameters().size()), item.value());
+      }
+    }
+    if (is_rank0) {
+      int64_t values = 0;
+      const std::string checksum = parameter_checksum(parameters, &values);
+      std::printf("final parameters: checksum %s (%lld values); sharded over %s\n", checksum.c_str(),
+                  static_cast<long long>(values), ranks(group->size()).c_str());
+    }
+    ddp::destroy_process_group();
+    return 0;
+  }
+  const double difference = (*model)->max_parameter_difference_across_ranks();
   if (is_rank0) {
     int64_t values = 0;
-    const std::string checksum = parameter_checksum(*model->module(), &values);
+    const std::string checksum = parameter_checksum(*(*model)->module(), &values);
     std::printf("final parameters: checksum %s (%lld values); they %s across %s (max "
                 "difference %g)\n",
                 checksum.c_str(), static_cast<long long>(values),

@@ -409,6 +409,10 @@ void load_sharded_checkpoint(FullyShardedDataParallel& model, torch::optim::Opti
   load(model, &optimizer, path);
 }
 
+int sharded_checkpoint_world_size(const std::string& path) {
+  return Manifest::read(path).world;
+}
+
 StateDict read_sharded_checkpoint_full(const std::string& path) {
   const Manifest manifest = Manifest::read(path);
   std::vector<std::vector<at::Tensor>> shards(manifest.units.size());

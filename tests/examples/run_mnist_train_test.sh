@@ -28,6 +28,13 @@
 #     checkpoint (a plain optimizer's state loaded into the sharded one); and
 #     so must --optimizer-sharding zero2 (on 2 ranks the reduce-scatter's
 #     sums and halvings are exactly the allreduce's).
+#   run_mnist_train_test.sh DDPRUN MNIST_TRAIN WORK_DIR fsdp
+#     --fsdp full (FullyShardedDataParallel, each layer a unit: every rank
+#     keeps a shard of every layer) must end bit for bit where the DDP run
+#     ends (on 2 ranks the reduce-scatter's sums and halvings are exactly the
+#     allreduce's), straight and stopped after epoch 1 and resumed from its
+#     sharded checkpoint; --fsdp grad-op too; and a 2-rank sharded checkpoint
+#     must resume on 3 ranks (through a full state) to the end.
 #   run_mnist_train_test.sh DDPRUN MNIST_TRAIN WORK_DIR idx
 #     Reads a small data set in MNIST's IDX format with --data, and reports a
 #     truncated file clearly.
@@ -36,7 +43,7 @@
 set -eu
 
 if [ $# -ne 4 ]; then
-  echo "usage: $0 DDPRUN MNIST_TRAIN WORK_DIR accuracy|resume|restart|powersgd|zero1|idx" >&2
+  echo "usage: $0 DDPRUN MNIST_TRAIN WORK_DIR accuracy|resume|restart|powersgd|zero1|fsdp|idx" >&2
   exit 2
 fi
 ddprun=$1
@@ -212,6 +219,39 @@ case "$mode" in
     done
     echo "OK: sharded SGD state (zero1) ends where the unsharded run ends, straight, resumed and resumed from an unsharded checkpoint, and so do sharded gradients (zero2) (checksum $a)"
     ;;
+  fsdp)
+    common="--epochs 2 --train-size 1200 --test-size 200 --lr 0.03"
+    # shellcheck disable=SC2086 # $common is a list of flags
+    run plain $common
+    # shellcheck disable=SC2086
+    run full $common --fsdp full
+    grep -q 'SGD lr 0.03 momentum 0.9, FullyShardedDataParallel (full)' "$work/full.log" ||
+      fail "mnist_train did not say that it runs under FullyShardedDataParallel"
+    # shellcheck disable=SC2086
+    run stopped $common --checkpoint-dir "$work/resumed" --fsdp full --stop-after-epoch 1
+    ls "$work/resumed" | grep -qE '^epoch-1\.pt\.[0-9a-f]{16}\.rank1$' ||
+      fail "no sharded checkpoint (one file per rank) in $work/resumed: $(ls "$work/resumed")"
+    # shellcheck disable=SC2086
+    run resumed $common --checkpoint-dir "$work/resumed" --fsdp full --resume
+    # shellcheck disable=SC2086
+    run grad_op $common --fsdp grad-op
+    a=$(checksum "$work/plain.log")
+    [ -n "$a" ] || fail "no checksum in the DDP run's output"
+    for name in full resumed grad_op; do
+      b=$(checksum "$work/$name.log")
+      [ "$a" = "$b" ] || fail "final parameters differ: checksum $a under DDP, $b $name"
+    done
+    # shellcheck disable=SC2086
+    run stopped3 $common --checkpoint-dir "$work/other_world" --fsdp full --stop-after-epoch 1
+    echo "+ ddprun --nproc-per-node 3 mnist_train $common --fsdp full --resume"
+    # shellcheck disable=SC2086
+    "$ddprun" --nproc-per-node 3 "$train" $common --checkpoint-dir "$work/other_world" --fsdp full \
+      --resume >"$work/other_world.log" 2>&1 || { cat "$work/other_world.log"; fail "resuming on 3 ranks failed"; }
+    grep -q 'resumed from .*other_world/epoch-1.pt' "$work/other_world.log" &&
+      grep -q 'final parameters: checksum [0-9a-f]* (21840 values); sharded over 3 ranks' "$work/other_world.log" ||
+      fail "a 2-rank sharded checkpoint did not resume on 3 ranks: $(cat "$work/other_world.log")"
+    echo "OK: FSDP (full and grad-op) ends where DDP ends, straight and resumed from its sharded checkpoint (checksum $a); a 2-rank checkpoint resumes on 3 ranks"
+    ;;
   idx)
     mkdir -p "$work/data"
     write_idx "$work/data" train 300
@@ -232,7 +272,7 @@ case "$mode" in
     echo "OK: read the IDX files; a truncated one is reported as: $(cat "$work/truncated.log")"
     ;;
   *)
-    echo "$0: unknown mode '$mode' (expected accuracy, resume, restart, powersgd, zero1 or idx)" >&2
+    echo "$0: unknown mode '$mode' (expected accuracy, resume, restart, powersgd, zero1, fsdp or idx)" >&2
     exit 2
     ;;
 esac

@@ -39,6 +39,11 @@ void load_sharded_checkpoint(FullyShardedDataParallel& model, const std::string&
 void load_sharded_checkpoint(FullyShardedDataParallel& model, torch::optim::Optimizer& optimizer,
                              const std::string& path);
 
+/// How many ranks wrote the sharded checkpoint at PATH (from its manifest):
+/// load_sharded_checkpoint needs as many. Throws c10::Error when PATH is
+/// not a sharded checkpoint's manifest.
+int sharded_checkpoint_world_size(const std::string& path);
+
 /// The full state (parameters and buffers by name, as `full_state_dict()`)
 /// of the sharded checkpoint at PATH, assembled in this process from every
 /// rank's file: for another world size, or for a plain module
