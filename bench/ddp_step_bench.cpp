@@ -7,7 +7,8 @@
 //
 // Usage:
 //   build/ddprun --nproc-per-node 2 --no-prefix build/bench/ddp_step_bench
-//       [--model toy|mlp] [--mode ddp|local] [--batch N] [--iters N] [--warmup N]
+//       [--model toy|mlp] [--mode ddp|local|fsdp-full|fsdp-grad-op] [--batch N] [--iters N]
+//       [--warmup N]
 //       [--gradient-as-bucket-view 0|1]
 //   DDP_BACKEND=mpi mpirun -np 2 build/bench/ddp_step_bench [...]
 // prints on rank 0 one line
@@ -31,7 +32,10 @@
 //      (bucket_cap_mb 25), unless --gradient-as-bucket-view 1, which sets
 //      that DDP option (gradients are views into the buckets: no copy into
 //      the bucket and back each step).
-//   2. mode=ddp wraps the module in ddp::DistributedDataParallel; mode=local
+//   2. mode=ddp wraps the module in ddp::DistributedDataParallel;
+//      mode=fsdp-full and fsdp-grad-op in ddp::FullyShardedDataParallel
+//      (kFullShard, kShardGradOp; each Linear a unit), SGD over the shards
+//      (bench/fsdp_bench compares them with DDP in one launch); mode=local
 //      trains the plain module on every rank independently, with no
 //      communication at all, so that the ranks still compete for the CPU as
 //      in mode=ddp. The process group is used only before and after the
@@ -82,7 +86,7 @@ struct Config {
 [[noreturn]] void usage_error(const std::string& message) {
   std::fprintf(stderr,
                "ddp_step_bench: %s\n"
-               "usage: ddp_step_bench [--model toy|mlp] [--mode ddp|local] [--batch N] "
+               "usage: ddp_step_bench [--model toy|mlp] [--mode ddp|local|fsdp-full|fsdp-grad-op] [--batch N] "
                "[--iters N] [--warmup N] [--gradient-as-bucket-view 0|1]\n",
                message.c_str());
   std::exit(2);
@@ -111,8 +115,8 @@ Config parse_args(int argc, char** argv) {
       }
       config.model = value;
     } else if (flag == "--mode") {
-      if (value != "ddp" && value != "local") {
-        usage_error("--mode must be ddp or local (got '" + value + "')");
+      if (value != "ddp" && value != "local" && value != "fsdp-full" && value != "fsdp-grad-op") {
+        usage_error("--mode must be ddp, local, fsdp-full or fsdp-grad-op (got '" + value + "')");
       }
       config.mode = value;
     } else if (flag == "--batch" || flag == "--iters") {
@@ -190,11 +194,16 @@ int run(const Config& config) {
   }
   // Constructed in mode=ddp only: construction broadcasts rank 0's state.
   std::optional<ddp::DistributedDataParallel> model;
+  std::optional<ddp::FullyShardedDataParallel> fsdp;
   if (use_ddp) {
     model.emplace(net, ddp::DistributedDataParallelOptions().gradient_as_bucket_view(
                            config.gradient_as_bucket_view));
+  } else if (config.mode != "local") {
+    fsdp.emplace(net, ddp::FullyShardedDataParallelOptions().sharding_strategy(
+                          config.mode == "fsdp-full" ? ddp::ShardingStrategy::kFullShard
+                                                     : ddp::ShardingStrategy::kShardGradOp));
   }
-  torch::optim::SGD optimizer(net->parameters(), kLearningRate);
+  torch::optim::SGD optimizer(fsdp ? (*fsdp)->parameters() : net->parameters(), kLearningRate);
   torch::manual_seed(pg->rank() + 1);
   const int64_t in = toy ? kToyIn : kMlpWidth;
   const int64_t out = toy ? kToyOut : kMlpWidth;
@@ -209,7 +218,7 @@ int run(const Config& config) {
   for (int64_t i = 0; i < config.warmup + iters; ++i) {
     const auto start = Clock::now();
     optimizer.zero_grad();
-    const auto output = use_ddp ? (*model)(x) : net->forward(x);
+    const auto output = use_ddp ? (*model)(x) : fsdp ? (*fsdp)(x) : net->forward(x);
     torch::mse_loss(output, y).backward();
     optimizer.step();
     const std::chrono::duration<double, std::milli> elapsed = Clock::now() - start;
@@ -253,6 +262,7 @@ int run(const Config& config) {
     std::fflush(stdout);
   }
   model.reset();
+  fsdp.reset();
   ddp::destroy_process_group();
   return 0;
 }

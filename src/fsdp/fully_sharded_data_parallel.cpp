@@ -16,7 +16,6 @@
 
 #include "fsdp/fsdp_state.h"
 #include "internal/check.h"
-#include "internal/env.h"
 
 namespace ddp {
 
@@ -200,13 +199,13 @@ FullyShardedDataParallelImpl::FullyShardedDataParallelImpl(
                 ": kHybridShard takes both shard_group and replicate_group, or neither (got only the ",
                 s.config.shard_group ? "shard_group" : "replicate_group", ")");
       if (!s.config.shard_group) {
-        const auto local = internal::env_get(internal::kEnvLocalWorldSize);
-        DDP_CHECK(local, who, ": kHybridShard needs LOCAL_WORLD_SIZE (the ranks of a node) to make its "
-                              "groups; launch with ddprun or torchrun, or pass shard_group and replicate_group");
-        const int node = std::stoi(*local);
+        // The launcher's ranks per node: LOCAL_WORLD_SIZE (ddprun, torchrun),
+        // Slurm's or Open MPI's own (a world of size 1 without one).
+        const int node = world_info_from_env().local_world_size;
         const int world = s.group->size();
-        DDP_CHECK(node >= 1 && world % node == 0, who, ": kHybridShard: LOCAL_WORLD_SIZE=", node,
-                  " does not divide the world size ", world);
+        DDP_CHECK(node >= 1 && world % node == 0, who, ": kHybridShard: ", node,
+                  " ranks per node (the launcher's local world size) do not divide the world size ", world,
+                  "; pass shard_group and replicate_group");
         DDP_CHECK(s.group == default_process_group(), who,
                   ": kHybridShard makes its groups from the default group; pass shard_group and "
                   "replicate_group for another group");

@@ -5,12 +5,12 @@
 # of three FsdpUnits (every strategy, SGD and Adam, prefetching, clipping),
 # no_sync, mixed precision, full states both ways, and the errors.
 ddp_add_nn_program(fsdp_main fsdp/fsdp_main.cpp)
-ddp_add_launched_test(fsdp_2_ranks NPROC 2 COMMAND fsdp_main CASES 28 TIMEOUT 180)
-ddp_add_launched_test(fsdp_3_ranks NPROC 3 COMMAND fsdp_main CASES 28 TIMEOUT 180)
-ddp_add_alone_test(fsdp_alone COMMAND fsdp_main CASES 27 TIMEOUT 120)
+ddp_add_launched_test(fsdp_2_ranks NPROC 2 COMMAND fsdp_main CASES 30 TIMEOUT 180)
+ddp_add_launched_test(fsdp_3_ranks NPROC 3 COMMAND fsdp_main CASES 30 TIMEOUT 180)
+ddp_add_alone_test(fsdp_alone COMMAND fsdp_main CASES 29 TIMEOUT 120)
 if(DDP_HAVE_MPI)
   foreach(np 2 3)
-    ddp_add_mpi_test(fsdp_mpi_${np}_ranks NP ${np} COMMAND fsdp_main CASES 28 TIMEOUT 180)
+    ddp_add_mpi_test(fsdp_mpi_${np}_ranks NP ${np} COMMAND fsdp_main CASES 30 TIMEOUT 180)
   endforeach()
 endif()
 

@@ -436,6 +436,9 @@ int main() {
         // replicated, not sharded), of the whole world otherwise.
         {"kHybridShard", hybrid(*group, group->size() % 2 == 0 ? group->size() / 2 : group->size())},
     };
+    // The groups made from the launcher's ranks per node (one node here:
+    // sharded over all, replicated nowhere).
+    more.push_back({"kHybridShard from the local world size", O().sharding_strategy(ShardingStrategy::kHybridShard)});
     for (const auto& model : all) {
       for (const auto& variant : more) {
         parity(report, *group, model, adam, variant);

@@ -89,8 +89,9 @@ struct FullyShardedDataParallelOptions {
   /// kHybridShard only: the group within a node (parameters sharded over it)
   /// and the group across nodes (this rank's peers of the same position in
   /// the other nodes). Default: both nullptr, made from the default group
-  /// with nodes of LOCAL_WORLD_SIZE consecutive ranks (a collective; every
-  /// rank must build the model at the same point).
+  /// with nodes of the launcher's local world size (LOCAL_WORLD_SIZE, or
+  /// Slurm's or Open MPI's) of consecutive ranks (a collective; every rank
+  /// must build the model at the same point).
   TORCH_ARG(std::shared_ptr<ProcessGroup>, shard_group) = nullptr;
   /// See shard_group. Default: nullptr.
   TORCH_ARG(std::shared_ptr<ProcessGroup>, replicate_group) = nullptr;
