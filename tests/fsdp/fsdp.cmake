@@ -21,3 +21,13 @@ add_test(NAME fsdp_sharded_checkpoint
   COMMAND bash ${CMAKE_CURRENT_LIST_DIR}/sharded_checkpoint_cases.sh $<TARGET_FILE:ddprun>
     $<TARGET_FILE:fsdp_checkpoint_main>)
 set_tests_properties(fsdp_sharded_checkpoint PROPERTIES TIMEOUT 240 LABELS integration)
+
+# bfloat16 mixed precision against PyTorch's own FSDP on the CPU (Gloo), 2
+# ranks, kFullShard and kShardGradOp (pytorch_fsdp_parity.sh): with
+# DDP_TEST_PYTHON's PyTorch 2.x; PyTorch 1.13's FSDP does not import on
+# Debian 12's Python 3.11, which the script then checks and says.
+ddp_add_nn_program(fsdp_pytorch_parity_main fsdp/fsdp_pytorch_parity_main.cpp)
+add_test(NAME fsdp_pytorch_parity
+  COMMAND bash ${CMAKE_CURRENT_LIST_DIR}/pytorch_fsdp_parity.sh $<TARGET_FILE:ddprun>
+    $<TARGET_FILE:fsdp_pytorch_parity_main> ${DDP_TEST_PYTHON})
+set_tests_properties(fsdp_pytorch_parity PROPERTIES TIMEOUT 180 LABELS integration)
