@@ -170,7 +170,20 @@ void FlatUnit::hook_gradients(std::function<void()> on_ready) {
 void FlatUnit::start_reduce() {
   DDP_INTERNAL_ASSERT(!reduce_out_.defined(), "unit ", label_, " reduced twice in one backward");
   torch::NoGradGuard no_grad;
-  reduce_in_ = config_.pool->take(padded_numel(), full_.options().dtype(reduce_dtype_));
+  auto* shared = config_.shared_reduce.get();
+  reduce_in_shared_ = shared != nullptr && shard_world_ > 1 && shared->dtype == reduce_dtype_ &&
+                      padded_numel() <= shared->numel;
+  if (reduce_in_shared_) {
+    if (shared->slots.empty()) {
+      for (size_t k = 0; k < kSharedReduceSlots; ++k) {
+        shared->slots.push_back(config_.shard_group->allocate_collective_buffer(
+            shared->numel, full_.options().dtype(reduce_dtype_)));
+      }
+    }
+    reduce_in_ = shared->slots[shared->next++ % shared->slots.size()].narrow(0, 0, padded_numel());
+  } else {
+    reduce_in_ = config_.pool->take(padded_numel(), full_.options().dtype(reduce_dtype_));
+  }
   for (auto& entry : entries_) {
     at::Tensor& grad = entry.param.mutable_grad();
     auto slice = reduce_in_.narrow(0, entry.offset, entry.numel);
@@ -188,6 +201,9 @@ void FlatUnit::start_reduce() {
   if (shard_world_ == 1) {
     reduce_out_ = reduce_in_;
     reduce_work_.reset();
+  } else if (reduce_in_shared_) {
+    reduce_work_ = config_.shard_group->allreduce(reduce_in_);
+    reduce_out_ = reduce_in_.narrow(0, shard_rank_ * shard_numel_, shard_numel_);
   } else {
     reduce_out_ = config_.pool->take(shard_numel_, reduce_in_.options());
     reduce_work_ =
@@ -206,7 +222,11 @@ void FlatUnit::finish_reduce() {
   }
   at::Tensor reduced = std::move(reduce_out_);
   reduce_out_ = at::Tensor();
-  config_.pool->recycle(reduce_in_); // (kept when it is `reduced`: one rank)
+  if (reduce_in_shared_) {
+    reduce_in_ = at::Tensor(); // the slot stays the ring's
+  } else {
+    config_.pool->recycle(reduce_in_); // (kept when it is `reduced`: one rank)
+  }
   if (config_.replicate_group && config_.replicate_group->size() > 1) {
     config_.replicate_group->allreduce(reduced)->wait();
   }
@@ -216,7 +236,11 @@ void FlatUnit::finish_reduce() {
   at::Tensor& grad = shard_.mutable_grad();
   if (grad.defined()) {
     grad.add_(reduced.to(grad.scalar_type()));
-    config_.pool->recycle(reduced);
+    if (!reduce_in_shared_) {
+      config_.pool->recycle(reduced);
+    }
+  } else if (reduce_in_shared_) {
+    grad = reduced.to(shard_.scalar_type(), /*non_blocking=*/false, /*copy=*/true);
   } else {
     grad = reduced.to(shard_.scalar_type());
   }

@@ -49,6 +49,25 @@
 
 namespace ddp::fsdp {
 
+// MPI with every rank on one node: the reductions' gradient buffers are
+// memory that every rank maps, where an allreduce reads each byte once and
+// writes it once per rank (Note [MPI shared buffers]: 100 MB in about 5 ms),
+// against twice through Open MPI's messages for a reduce-scatter; each rank
+// then takes its own chunk. Slots are used in turn, one more than the
+// reductions in flight, so that a slot is never refilled while a peer may
+// still read it. Allocated (a collective) at the first reduction, which
+// every rank makes at the same point.
+// One more slot than FullyShardedDataParallel keeps reductions in flight
+// (kReductionsInFlight, fsdp_state.h).
+constexpr size_t kSharedReduceSlots = 3;
+
+struct SharedReduceBuffers {
+  int64_t numel = 0; // the largest unit's padded size
+  at::ScalarType dtype = at::kFloat;
+  std::vector<at::Tensor> slots;
+  size_t next = 0;
+};
+
 // What every unit of one FSDP module shares.
 struct UnitConfig {
   std::string who; // "[rank R/W] FullyShardedDataParallel"
@@ -63,6 +82,8 @@ struct UnitConfig {
   double postdivide = 1;
   // Shared by the units: gathered parameters and gradient buffers.
   std::shared_ptr<BufferPool> pool;
+  // Set on MPI: see SharedReduceBuffers.
+  std::shared_ptr<SharedReduceBuffers> shared_reduce;
 };
 
 // One parameter's place in the flat buffer.
@@ -154,6 +175,7 @@ class FlatUnit {
 
   at::Tensor reduce_in_;
   at::Tensor reduce_out_;
+  bool reduce_in_shared_ = false; // reduce_in_ is a SharedReduceBuffers slot
   std::shared_ptr<Work> reduce_work_;
 };
 

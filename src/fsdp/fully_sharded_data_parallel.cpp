@@ -360,6 +360,24 @@ FullyShardedDataParallelImpl::FullyShardedDataParallelImpl(
     largest = std::max(largest, bytes);
   }
   s.config.pool = std::make_shared<fsdp::BufferPool>(4 * largest + 4096);
+  static_assert(fsdp::kSharedReduceSlots == kReductionsInFlight + 1, "see SharedReduceBuffers");
+  if (s.config.shard_group && s.config.shard_group->size() > 1 && s.config.shard_group->backend_name() == "mpi" &&
+      !plans.empty() && plans.front().entries.front().param.device().is_cpu()) {
+    // See SharedReduceBuffers (flat_unit.h). Other backends reduce-scatter:
+    // Gloo's own reduce-scatter moves half of what an allreduce moves.
+    auto shared = std::make_shared<fsdp::SharedReduceBuffers>();
+    shared->dtype = s.config.reduce_dtype.value_or(
+        s.config.param_dtype.value_or(plans.front().entries.front().param.scalar_type()));
+    for (const auto& plan : plans) {
+      int64_t total = 0;
+      for (const auto& entry : plan.entries) {
+        total += entry.param.numel();
+      }
+      const int64_t world = s.config.shard_group->size();
+      shared->numel = std::max(shared->numel, (total + world - 1) / world * world);
+    }
+    s.config.shared_reduce = std::move(shared);
+  }
   for (size_t u = 0; u < plans.size(); ++u) {
     auto& plan = plans[u];
     for (size_t e = 0; e < plan.entries.size(); ++e) {
