@@ -89,7 +89,12 @@ void FlatUnit::point_params_at_full() {
 
 void FlatUnit::start_gather() {
   if (state_ == State::kGathering) {
-    return;
+    if (!stale_) {
+      return;
+    }
+    // A gather of older values (a prefetch the last iteration did not use,
+    // kept under kNoShard): finish it, then gather again.
+    wait_gather();
   }
   torch::NoGradGuard no_grad;
   allocate_full();
