@@ -137,7 +137,6 @@ class FlatUnit {
   void start_reduce();
   // Waits for the reduction and adds it to the shard's gradient.
   void finish_reduce();
-  bool reducing() const { return static_cast<bool>(reduce_out_.defined()); }
 
   // The whole unit, in the shard's dtype, gathered from every rank's shard:
   // a collective over the shard group.
