@@ -86,6 +86,20 @@ inline std::vector<double> slowest_rank_sorted(ddp::ProcessGroup& group, const s
   return sorted;
 }
 
+/// Every rank's `mine` (a 1-d tensor of figures), on the CPU, in rank order:
+/// an allgather on `mine`'s device.
+inline std::vector<torch::Tensor> gather_figures(ddp::ProcessGroup& group, const torch::Tensor& mine) {
+  std::vector<torch::Tensor> all;
+  for (int r = 0; r < group.size(); ++r) {
+    all.push_back(torch::empty_like(mine));
+  }
+  group.allgather(all, mine)->wait();
+  for (auto& t : all) {
+    t = t.cpu();
+  }
+  return all;
+}
+
 /// The lowest of a variant's per-round medians: its figure.
 inline double lowest(const std::vector<double>& medians) {
   return *std::min_element(medians.begin(), medians.end());

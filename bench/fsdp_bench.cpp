@@ -223,11 +223,7 @@ int run_memory(ddp::ProcessGroup& group, const Config& config) {
                              static_cast<double>(ddp_bench::adam_state_bytes(*v.optimizer)), base_rss,
                              ddp_bench::peak_rss_mb()},
                             torch::kDouble);
-  std::vector<torch::Tensor> all;
-  for (int r = 0; r < group.size(); ++r) {
-    all.push_back(torch::empty_like(mine));
-  }
-  group.allgather(all, mine)->wait();
+  const auto all = ddp_bench::gather_figures(group, mine);
   if (group.rank() == 0) {
     for (int r = 0; r < group.size(); ++r) {
       const auto* f = all[static_cast<size_t>(r)].data_ptr<double>();

@@ -296,14 +296,7 @@ int run_memory(ddp::ProcessGroup& group, const Config& config, const torch::Devi
                              peak_rss_mb(), gpu_peak_mb(device)},
                             torch::kDouble)
                   .to(device);
-  std::vector<torch::Tensor> all;
-  for (int r = 0; r < group.size(); ++r) {
-    all.push_back(torch::empty({4}, mine.options()));
-  }
-  group.allgather(all, mine)->wait();
-  for (auto& t : all) {
-    t = t.cpu();
-  }
+  const auto all = ddp_bench::gather_figures(group, mine);
   if (group.rank() == 0) {
     int64_t largest = 0;
     for (const auto& p : v.net->parameters()) {

@@ -16,6 +16,7 @@
 
 #include "fsdp/fsdp_state.h"
 #include "internal/check.h"
+#include "internal/hash.h"
 
 namespace ddp {
 
@@ -24,14 +25,6 @@ namespace {
 using fsdp::FlatEntry;
 using fsdp::FlatUnit;
 using State = FullyShardedDataParallelImpl::State;
-
-uint64_t fnv1a(const std::string& text) {
-  uint64_t hash = 1469598103934665603ULL;
-  for (const unsigned char c : text) {
-    hash = (hash ^ c) * 1099511628211ULL;
-  }
-  return hash;
-}
 
 // A unit before sharding: its label and its parameters by first name.
 struct UnitPlan {
@@ -314,7 +307,7 @@ FullyShardedDataParallelImpl::FullyShardedDataParallelImpl(
   }
   const std::string mine = description.str();
   if (s.group->size() > 1) {
-    auto hash = torch::tensor({static_cast<int64_t>(fnv1a(mine) >> 1)}, torch::kLong).to(device);
+    auto hash = torch::tensor({static_cast<int64_t>(internal::fnv1a(mine) >> 1)}, torch::kLong).to(device);
     std::vector<at::Tensor> hashes;
     for (int r = 0; r < s.group->size(); ++r) {
       hashes.push_back(torch::empty_like(hash));

@@ -21,6 +21,7 @@
 #include <ddp/optim/zero_redundancy_optimizer.h>
 
 #include "internal/check.h"
+#include "internal/hash.h"
 
 namespace ddp::optim {
 
@@ -58,14 +59,7 @@ typename Map::key_type state_key(const Map& /*map*/, const at::Tensor& param) {
   }
 }
 
-// FNV-1a, for the description of the parameters that ranks compare.
-inline uint64_t fnv1a(const std::string& text) {
-  uint64_t hash = 1469598103934665603ULL;
-  for (const unsigned char c : text) {
-    hash = (hash ^ c) * 1099511628211ULL;
-  }
-  return hash;
-}
+using internal::fnv1a; // the description of the parameters that ranks compare
 
 } // namespace detail
 
