@@ -22,6 +22,19 @@ namespace ddp::fsdp {
 // same values. Writes into `full` bump `full`'s version counter only; the
 // parameters and the views autograd saved have their own.
 
+// Note [Shards in mapped memory]
+// On MPI with every rank on one node (config.shared_reduce set), each
+// unit's shard, and under mixed precision the buffer its low-precision copy
+// is cast into, is allocated with allocate_collective_buffer: memory that
+// every rank maps, at the same place of the same allocation on every rank
+// (the units are made in the same order everywhere). The gather's
+// all-gather then reads each peer's shard straight from its memory (one
+// copy, no messages; Note [MPI shared buffers]) and ends with a barrier, so
+// that no rank changes its shard (an optimizer step) while a peer reads it.
+// The optimizer updates the shard in place, and every load copies into it,
+// so it stays where it was allocated. Where the memory cannot be mapped the
+// buffer is private and the all-gather sends messages as before.
+
 FlatUnit::FlatUnit(std::string label, std::vector<FlatEntry> entries, const UnitConfig& config)
     : label_(std::move(label)), entries_(std::move(entries)), config_(config) {
   DDP_INTERNAL_ASSERT(!entries_.empty(), "a unit without parameters");
@@ -54,7 +67,18 @@ FlatUnit::FlatUnit(std::string label, std::vector<FlatEntry> entries, const Unit
   for (const auto& entry : entries_) {
     flat.narrow(0, entry.offset, entry.numel).copy_(entry.param.detach().reshape({-1}));
   }
-  shard_ = flat.narrow(0, shard_rank_ * shard_numel_, shard_numel_).clone();
+  const auto own = flat.narrow(0, shard_rank_ * shard_numel_, shard_numel_);
+  if (config_.shared_reduce && shard_world_ > 1) {
+    // Note [Shards in mapped memory]
+    shard_ = config_.shard_group->allocate_collective_buffer(shard_numel_, own.options());
+    shard_.copy_(own);
+    if (compute_dtype_ != shard_.scalar_type()) {
+      gather_source_ = config_.shard_group->allocate_collective_buffer(
+          shard_numel_, own.options().dtype(compute_dtype_));
+    }
+  } else {
+    shard_ = own.clone();
+  }
   shard_.set_requires_grad(first.requires_grad());
   full_ = torch::empty({padded_numel()}, first.options().dtype(compute_dtype_).requires_grad(false));
   empty_ = torch::empty({0}, full_.options());
@@ -99,7 +123,9 @@ void FlatUnit::start_gather() {
   torch::NoGradGuard no_grad;
   allocate_full();
   gather_input_ = shard_.detach();
-  if (gather_input_.scalar_type() != compute_dtype_) {
+  if (gather_source_.defined()) {
+    gather_input_ = gather_source_.copy_(gather_input_);
+  } else if (gather_input_.scalar_type() != compute_dtype_) {
     gather_input_ = gather_input_.to(compute_dtype_);
   }
   if (shard_world_ == 1) {

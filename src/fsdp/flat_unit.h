@@ -165,6 +165,9 @@ class FlatUnit {
   State state_ = State::kSharded;
   bool stale_ = true;
   at::Tensor gather_input_;
+  // Mixed precision on MPI: where the shard is cast for its all-gather
+  // (Note [Shards in mapped memory], flat_unit.cpp).
+  at::Tensor gather_source_;
   std::shared_ptr<Work> gather_work_;
 
   std::vector<internal::AutogradNodePtr> accumulators_;

@@ -46,7 +46,10 @@ struct ProcessGroupMPIOptions {
   /// on one node; an allreduce of such a buffer (the same range on every
   /// rank) reads the peers' memory directly, with no messages: each rank
   /// reduces its share of the buffer once and writes the result into every
-  /// rank's buffer. DDP allocates its gradient buckets this way. A negative
+  /// rank's buffer; an allgather_into_tensor whose input is such a range
+  /// copies each peer's input from where it lies. DDP allocates its
+  /// gradient buckets this way, FullyShardedDataParallel its shards and
+  /// reduction buffers. A negative
   /// value turns it off. The memory comes from /dev/shm; when that is full
   /// the buffers are private, with a warning. Must be the same on every
   /// rank. Default: 65536.

@@ -266,13 +266,32 @@ void SharedBuffers::allreduce(MPI_Comm comm, const at::Tensor& flat, const Share
       }
     }
   }
+  closing_barrier(comm, "MPI_Ibarrier (shared buffer allreduce)");
+}
+
+void SharedBuffers::allgather(MPI_Comm comm, const at::Tensor& output, const SharedLocation& where,
+                              int64_t bytes) const {
+  // `agree` was the first barrier: every rank's input is written.
   std::atomic_thread_fence(std::memory_order_seq_cst);
-  // A rank that finishes its segment first waits for the others without
-  // spinning: Note [MPI arrival wait].
+  auto* out = static_cast<uint8_t*>(output.data_ptr());
+  for (int i = 0; i < size_; ++i) {
+    const int r = (rank_ + i) % size_; // each reader starts at a different peer
+    const uint8_t* from = where.mapping->bases[r] + where.offset;
+    uint8_t* to = out + static_cast<size_t>(r) * static_cast<size_t>(bytes);
+    if (from != to) {
+      std::memmove(to, from, static_cast<size_t>(bytes));
+    }
+  }
+  closing_barrier(comm, "MPI_Ibarrier (shared buffer allgather)");
+}
+
+void SharedBuffers::closing_barrier(MPI_Comm comm, const char* what) const {
+  std::atomic_thread_fence(std::memory_order_seq_cst);
+  // A rank that finishes first waits for the others without spinning:
+  // Note [MPI arrival wait].
   MPI_Request done = MPI_REQUEST_NULL;
-  check_mpi(MPI_Ibarrier(comm, &done), "MPI_Ibarrier (shared buffer allreduce)");
-  poll_request(&done, std::chrono::steady_clock::time_point::max(),
-               "MPI_Ibarrier (shared buffer allreduce)");
+  check_mpi(MPI_Ibarrier(comm, &done), what);
+  poll_request(&done, std::chrono::steady_clock::time_point::max(), what);
   std::atomic_thread_fence(std::memory_order_seq_cst);
 }
 

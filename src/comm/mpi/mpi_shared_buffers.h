@@ -57,6 +57,13 @@ namespace ddp::internal::mpi {
 // segment is done. Each segment is computed once and copied, so every rank
 // ends with the same bits, as with the ring. Anything else (a plain tensor on some rank, several
 // tensors, CUDA tensors) takes the usual path.
+//
+// All-gather (allgather_into_tensor), when every rank's input is the same
+// range of one shared buffer (the same check): after that first barrier
+// each rank copies every rank's input, read where that rank's object is
+// mapped, into its own output, then waits at a closing barrier, so that no
+// rank writes its input again while a peer may still read it. Each byte
+// crosses memory once per reader, against twice through messages.
 
 // One shared buffer as this rank maps it: its own object and its peers'.
 struct SharedMapping;
@@ -102,9 +109,18 @@ class SharedBuffers {
   void allreduce(MPI_Comm comm, const at::Tensor& flat, const SharedLocation& where,
                  const ReduceKernel& kernel, bool average) const;
 
+  // A collective over `comm`, after `agree` returned true on every rank for
+  // the input's location `where`: copies every rank's input into `output`
+  // (contiguous, CPU, size x the input's bytes), rank order. Throws
+  // CommError when MPI fails.
+  void allgather(MPI_Comm comm, const at::Tensor& output, const SharedLocation& where,
+                 int64_t bytes) const;
+
   struct Registry; // the mapped buffers; shared with the tensors' deleters
 
  private:
+  // Waits, without spinning, until every rank has reached it.
+  void closing_barrier(MPI_Comm comm, const char* what) const;
   // Asks MPI whether the ranks share a node, and takes rank 0's key.
   void learn_node(MPI_Comm comm);
 

@@ -456,11 +456,31 @@ std::shared_ptr<Work> ProcessGroupMPI::allgather_into_tensor(const at::Tensor& o
   internal::ContiguousArguments args;
   const at::Tensor dense_output = args.output(output, who, "output");
   const at::Tensor dense_input = args.input(input);
+  const int64_t bytes = static_cast<int64_t>(input.nbytes());
+  // The same choice on every rank: it depends on the size alone.
+  const bool try_shared = size() > 1 && impl_->shared_memory_min_bytes >= 0 &&
+                          bytes >= impl_->shared_memory_min_bytes;
+  mpi::SharedBuffers* shared = &impl_->shared; // outlives the task (see Impl)
   return impl_->engine.enqueue(
       internal::Fingerprint{"allgather_into_tensor", input.scalar_type(), input.numel()},
-      resolve_timeout(options.timeout), args.keep({dense_output, dense_input}),
-      static_cast<int64_t>(input.nbytes()),
-      args.wrap([output = dense_output, input = dense_input, count, datatype](MPI_Comm comm) {
+      resolve_timeout(options.timeout), args.keep({dense_output, dense_input}), bytes,
+      args.wrap([output = dense_output, input = dense_input, count, datatype, try_shared, bytes,
+                 shared, rank = rank()](MPI_Comm comm) {
+        // Note [MPI shared buffers]: the inputs may all be in shared memory.
+        if (try_shared && shared->any_allocated()) {
+          // An input that overlaps the output other than as this rank's
+          // own slot would be overwritten while the peers read it.
+          const auto* in = static_cast<const uint8_t*>(input.data_ptr());
+          const auto* out = static_cast<const uint8_t*>(output.data_ptr());
+          const bool apart = in + bytes <= out || out + output.nbytes() <= in ||
+                             in == out + static_cast<size_t>(rank) * static_cast<size_t>(bytes);
+          const auto where =
+              output.is_cpu() && apart ? shared->locate(input) : mpi::SharedLocation{};
+          if (shared->agree(comm, where, bytes)) {
+            shared->allgather(comm, output, where, bytes);
+            return std::vector<at::Tensor>{output};
+          }
+        }
         internal::HostStaging staging;
         const auto host_output = staging.in(output);
         const auto host_input = separate_input(input.cpu(), host_output);

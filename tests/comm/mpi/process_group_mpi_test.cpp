@@ -280,6 +280,54 @@ TEST(MpiSharedBuffers, RangesMixedCallersAndLifetimes) {
   EXPECT_TRUE(torch::equal(next, torch::full({70000}, sum_of_ranks + w + 1)));
 }
 
+TEST(MpiSharedBuffers, AllgatherFromSharedInputsMatchesThePrivatePath) {
+  // allgather_into_tensor whose inputs are the same range of one shared
+  // buffer on every rank (FSDP's shards on MPI) reads the peers' inputs
+  // where they lie; every other placement goes through messages. Each gives
+  // what the private path gives, and no rank's input is changed.
+  auto pg = ProcessGroupMPI::create(ProcessGroupMPIOptions().shared_memory_min_bytes(0));
+  const int rank = pg->rank();
+  const int64_t w = pg->size();
+  for (auto dtype : {at::kFloat, at::kBFloat16, at::kLong, at::kBool}) {
+    for (int64_t count : {int64_t{1}, int64_t{7}, int64_t{2500001}}) {
+      SCOPED_TRACE(c10::str(dtype, " count ", count));
+      auto buffer = pg->allocate_collective_buffer(count + 3, torch::TensorOptions().dtype(dtype));
+      const auto values = (torch::arange(count, torch::kLong) * 3 + rank).remainder(2).to(dtype);
+      auto input = buffer.narrow(0, 3, count);
+      input.copy_(values);
+      auto reference = torch::empty({w * count}, dtype);
+      pg->allgather_into_tensor(reference, values)->wait();
+      auto output = torch::empty({w * count}, dtype);
+      pg->allgather_into_tensor(output, input)->wait();
+      ASSERT_TRUE(torch::equal(output, reference));
+      ASSERT_TRUE(torch::equal(input, values)) << "an input changed";
+    }
+  }
+  auto buffer = pg->allocate_collective_buffer(1000 * w, torch::kFloat);
+  const auto expected = torch::arange(w, torch::kFloat).repeat_interleave(1000);
+  // In place: each rank's input is its own slot of the shared output.
+  buffer.fill_(-1);
+  buffer.narrow(0, rank * 1000, 1000).fill_(rank);
+  pg->allgather_into_tensor(buffer, buffer.narrow(0, rank * 1000, 1000))->wait();
+  EXPECT_TRUE(torch::equal(buffer, expected));
+  // The same range on every rank, which is some other rank's slot of the
+  // output: through messages (reading it in place would race its writes).
+  buffer.fill_(rank);
+  auto first_slot = buffer.narrow(0, 0, 1000);
+  pg->allgather_into_tensor(buffer, first_slot.clone())->wait();
+  EXPECT_TRUE(torch::equal(buffer, expected));
+  buffer.fill_(rank);
+  pg->allgather_into_tensor(buffer, first_slot)->wait();
+  EXPECT_TRUE(torch::equal(buffer, expected));
+  // Rank 0 passes a shared input, the others a private one.
+  auto shared_input = pg->allocate_collective_buffer(1000, torch::kFloat);
+  shared_input.fill_(rank);
+  auto private_input = torch::full({1000}, 1.0 * rank);
+  auto output = torch::empty({1000 * w});
+  pg->allgather_into_tensor(output, rank == 0 ? shared_input : private_input)->wait();
+  EXPECT_TRUE(torch::equal(output, expected));
+}
+
 TEST(MpiSharedBuffers, SmallCudaAndOptedOutBuffersArePrivate) {
   // Below the threshold, or with it negative, the buffer is ordinary memory
   // (still zero-filled and usable by every collective).
