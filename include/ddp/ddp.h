@@ -3,8 +3,10 @@
 /// Umbrella header: everything a training program needs from ddp.
 
 #include <ddp/blas.h>
+#include <ddp/comm/batch_p2p.h>
 #include <ddp/comm/error.h>
 #include <ddp/comm/flight_recorder.h>
+#include <ddp/comm/object_collectives.h>
 #include <ddp/store/file_store.h>
 #include <ddp/store/hash_store.h>
 #include <ddp/store/prefix_store.h>

@@ -147,14 +147,6 @@ void check_reduce_scatter(const at::Tensor& output, const std::vector<at::Tensor
             rank, "] (sizes ", mine.sizes(), "), this rank's chunk");
 }
 
-void check_alltoall(const at::Tensor& output, const at::Tensor& input, int size,
-                    const std::string& who, const TensorRules& rules) {
-  rules.check(input, who, "input");
-  check_matches(output, input, who, "output", "input", rules);
-  DDP_CHECK(input.numel() % size == 0, who, ": input has ", input.numel(),
-            " elements, which does not split into ", size, " equal chunks");
-}
-
 void check_coalesced(const std::vector<at::Tensor>& tensors, const std::string& who,
                      const TensorRules& rules) {
   DDP_CHECK(!tensors.empty(), who, ": no tensors given");

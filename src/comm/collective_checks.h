@@ -95,8 +95,7 @@ void check_scatter(const at::Tensor& output, const std::vector<at::Tensor>& inpu
 void check_reduce_scatter(const at::Tensor& output, const std::vector<at::Tensor>& inputs, int rank,
                           int size, const std::string& who, const TensorRules& rules);
 
-void check_alltoall(const at::Tensor& output, const at::Tensor& input, int size,
-                    const std::string& who, const TensorRules& rules);
+// alltoall: comm/alltoall_splits.h.
 
 // allreduce_coalesced: at least one tensor, each passing the rules, all of
 // the dtype and device of the first. One tensor is named "tensor", several

@@ -13,6 +13,10 @@ ddp_add_part(ddp_comm
   src/comm/process_group_composite.cpp
   src/comm/monitored_barrier.cpp
   src/comm/fingerprint.cpp
+  src/comm/alltoall_splits.cpp
+  src/comm/batch_p2p.cpp
+  src/comm/objects/object_collectives.cpp
+  src/comm/objects/object_frame.cpp
   src/comm/collective_checks.cpp
   src/comm/point_to_point_work.cpp
   src/comm/contiguous_arguments.cpp

@@ -106,6 +106,7 @@ std::string dtype_name(at::ScalarType dtype) {
 std::string Fingerprint::shape() const {
   std::string text = !dtype                ? std::string("no tensor")
                      : numel == kSparse ? c10::str("sparse ", dtype_name(*dtype))
+                     : numel == kUneven ? c10::str(dtype_name(*dtype), "[split]")
                                         : c10::str(dtype_name(*dtype), "[", numel, "]");
   if (reduce) {
     text += " " + to_string(*reduce);

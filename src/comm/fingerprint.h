@@ -34,6 +34,9 @@ struct Fingerprint {
                                             // kSparse: a sparse tensor's, which
                                             // the collective checks itself
   static constexpr int64_t kSparse = -1;
+  // kUneven: an all-to-all with split sizes, whose element counts differ
+  // from rank to rank; the collective compares the splits itself.
+  static constexpr int64_t kUneven = -2;
   std::optional<ReduceOp> reduce;           // reductions only
   int root = -1;                            // rooted collectives only
 

@@ -115,6 +115,7 @@ class NonMemberGroup final : public ProcessGroup {
                                        const ReduceScatterOptions&) override {
     refuse("reduce_scatter");
   }
+  using ProcessGroup::alltoall;
   std::shared_ptr<Work> alltoall(const at::Tensor&, const at::Tensor&,
                                  const AlltoallOptions&) override {
     refuse("alltoall");

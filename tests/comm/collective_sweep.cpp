@@ -253,6 +253,76 @@ void uneven_reduce_scatter(ProcessGroup& pg, int64_t count) {
   ASSERT_TRUE(torch::allclose(average, expected / world));
 }
 
+// PyTorch's all_to_all_single with split sizes and all_to_all over lists:
+// rank s sends rank r rows(s, r) rows of two elements; element j of row k
+// holds value(s, r, k, j), so that every received element says where it
+// came from.
+int64_t uneven_rows(int from, int to, int64_t count) {
+  return (from + 2 * to) % 3 + count;
+}
+
+double uneven_value(int from, int to, int64_t row, int64_t column) {
+  return from * 1e9 + to * 1e7 + row * 2.0 + column;
+}
+
+at::Tensor uneven_block(int from, int to, int64_t count) {
+  const int64_t rows = uneven_rows(from, to, count);
+  return (torch::arange(rows * 2, torch::kDouble) + (from * 1e9 + to * 1e7)).view({rows, 2});
+}
+
+void uneven_alltoall(ProcessGroup& pg, int64_t count) {
+  const int rank = pg.rank();
+  const int world = pg.size();
+  std::vector<at::Tensor> sent, expected;
+  AlltoallOptions splits;
+  for (int r = 0; r < world; ++r) {
+    sent.push_back(uneven_block(rank, r, count));
+    expected.push_back(uneven_block(r, rank, count));
+    splits.input_split_sizes.push_back(uneven_rows(rank, r, count));
+    splits.output_split_sizes.push_back(uneven_rows(r, rank, count));
+  }
+  ASSERT_EQ(uneven_value(1, 2, 3, 1), uneven_block(1, 2, 5)[3][1].item<double>());
+  const auto input = torch::cat(sent);
+  const auto all_expected = torch::cat(expected);
+  auto output = torch::full(all_expected.sizes(), -1.0, torch::kDouble);
+  auto work = pg.alltoall(output, input, splits);
+  work->wait();
+  ASSERT_TRUE(torch::equal(output, all_expected));
+  ASSERT_TRUE(work->result().at(0).is_same(output));
+
+  // Only one side given: the other splits evenly (this rank sends each peer
+  // count + 1 rows; each receives count + 1 from each).
+  AlltoallOptions one_side;
+  one_side.output_split_sizes.assign(world, count + 1);
+  auto even_input = torch::arange(world * (count + 1), torch::kFloat).add_(1000 * rank);
+  auto one_output = torch::empty({world * (count + 1)});
+  pg.alltoall(one_output, even_input, one_side)->wait();
+  for (int r = 0; r < world; ++r) {
+    ASSERT_TRUE(torch::equal(one_output.narrow(0, r * (count + 1), count + 1),
+                             torch::arange(rank * (count + 1), (rank + 1) * (count + 1), torch::kFloat)
+                                 .add_(1000 * r)));
+  }
+
+  // The list form: any shapes, elements counted.
+  std::vector<at::Tensor> outputs;
+  for (int r = 0; r < world; ++r) {
+    outputs.push_back(torch::empty({2, uneven_rows(r, rank, count)}, torch::kDouble));
+  }
+  auto list_work = pg.alltoall(outputs, sent);
+  list_work->wait();
+  for (int r = 0; r < world; ++r) {
+    ASSERT_TRUE(torch::equal(outputs[r], expected[r].reshape({2, -1})));
+  }
+  ASSERT_TRUE(list_work->result().at(0).is_same(outputs[0]));
+
+  // In place: the output is the input.
+  auto same = torch::cat(sent);
+  if (torch::equal(torch::tensor(splits.input_split_sizes), torch::tensor(splits.output_split_sizes))) {
+    pg.alltoall(same, same, splits)->wait();
+    ASSERT_TRUE(torch::equal(same, all_expected));
+  }
+}
+
 // PyTorch's test_allgather_noncontiguous_input and friends: every operation
 // takes strided, transposed and expanded tensors, and writes non-contiguous
 // outputs in place. Columns of an [n, 2] matrix are the strided views.
@@ -413,6 +483,7 @@ const std::vector<SweepCheck>& sweep_checks() {
       {"GatherAndScatter", &gather_and_scatter},
       {"ReduceScatterAndAlltoall", &reduce_scatter_and_alltoall},
       {"UnevenReduceScatter", &uneven_reduce_scatter},
+      {"UnevenAlltoall", &uneven_alltoall},
       {"NonContiguousArguments", &non_contiguous_arguments},
       {"SendRecvRingAndBarrier", &send_recv_ring_and_barrier},
   };
@@ -458,6 +529,46 @@ void check_bad_arguments_are_clear_errors(ProcessGroup& pg) {
   expect_check_error([&] { pg.send(torch::ones({3}), rank); }, "destination rank");
   expect_check_error([&] { pg.alltoall(torch::ones({2 * world + 1}), torch::ones({2 * world + 1})); },
                      "does not split into " + w + " equal chunks");
+  AlltoallOptions bad_splits;
+  bad_splits.input_split_sizes.assign(world, 1);
+  expect_check_error([&] { pg.alltoall(torch::ones({world}), torch::ones({world + 1}), bad_splits); },
+                     "alltoall: input_split_sizes sums to " + w + " rows, but input has " +
+                         std::to_string(world + 1));
+  bad_splits.input_split_sizes.assign(world + 1, 0);
+  expect_check_error([&] { pg.alltoall(torch::ones({world}), torch::ones({0}), bad_splits); },
+                     "input_split_sizes has " + std::to_string(world + 1) + " entries, expected " + w);
+  bad_splits.input_split_sizes.assign(world, 1);
+  bad_splits.input_split_sizes[0] = -1;
+  bad_splits.input_split_sizes[1] = 3;
+  expect_check_error([&] { pg.alltoall(torch::ones({world}), torch::ones({world + 1}), bad_splits); },
+                     "input_split_sizes[0] is -1");
+  bad_splits.input_split_sizes.assign(world, 1);
+  expect_check_error([&] { pg.alltoall(torch::ones({world, 3}), torch::ones({world, 2}), bad_splits); },
+                     "differ past the first dimension");
+  expect_check_error([&] { pg.alltoall(std::vector<at::Tensor>(world, torch::ones({2})),
+                                       std::vector<at::Tensor>(world + 1, torch::ones({2}))); },
+                     "alltoall (lists): got " + std::to_string(world + 1) + " inputs");
+  // Split sizes that disagree across ranks: rank 0 expects one row more
+  // from rank 1 than rank 1 sends. Every rank fails alike, before any data
+  // moves, and the group goes on.
+  AlltoallOptions disagree;
+  disagree.input_split_sizes.assign(world, 1);
+  disagree.output_split_sizes.assign(world, 1);
+  if (rank == 0) {
+    disagree.output_split_sizes[1] = 2;
+  }
+  auto disagree_output = torch::zeros({world + (rank == 0 ? 1 : 0)});
+  try {
+    pg.alltoall(disagree_output, torch::ones({world}), disagree)->wait();
+    ADD_FAILURE() << "expected an error for split sizes that disagree";
+  } catch (const std::exception& e) {
+    EXPECT_NE(std::string(e.what()).find("the split sizes do not agree: rank 1 sends 1 rows to rank 0 (its "
+                                         "input_split_sizes[0]), but rank 0 expects 2 from rank 1 (its "
+                                         "output_split_sizes[1])"),
+              std::string::npos)
+        << e.what();
+  }
+  EXPECT_TRUE(torch::equal(disagree_output, torch::zeros({world + (rank == 0 ? 1 : 0)})));
   expect_check_error([&] { pg.allreduce(torch::ones({3}), {ReduceOp::kSum, std::chrono::milliseconds(0)}); },
                      "timeout must be positive");
   // The group is still usable after argument errors: nothing was queued.

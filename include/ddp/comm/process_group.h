@@ -49,6 +49,16 @@ namespace ddp {
 /// order in which collectives are issued must be the same on every rank, so a
 /// program that issues them from several threads must order those threads
 /// itself.
+/// One send or receive of `ProcessGroup::batch_point_to_point`; `peer` is a
+/// rank of the group. (`ddp::P2POp`, <ddp/comm/batch_p2p.h>, is the
+/// PyTorch-shaped form, with global ranks.)
+struct PointToPointOp {
+  bool is_send = true;
+  at::Tensor tensor;
+  int peer = 0;
+  int tag = 0;
+};
+
 class ProcessGroup {
  public:
   ProcessGroup(int rank, int size, std::chrono::milliseconds timeout);
@@ -139,11 +149,26 @@ class ProcessGroup {
 
   /// Splits `input` along its first dimension into size() equal chunks, sends
   /// chunk r to rank r, and writes the chunk from rank r into chunk r of
-  /// `output`.
+  /// `output` (PyTorch's `all_to_all_single`). With
+  /// `options.input_split_sizes`/`output_split_sizes` the chunks are those
+  /// row counts instead, and `output` may have another first size than
+  /// `input` (same sizes past it); every rank checks, before any data
+  /// moves, that what each rank sends a peer is what that peer expects, and
+  /// all fail with one message naming the first pair that does not.
   virtual std::shared_ptr<Work> alltoall(
       const at::Tensor& output,
       const at::Tensor& input,
       const AlltoallOptions& options = {}) = 0;
+
+  /// Sends `inputs[r]` to rank r and receives rank r's tensor for this rank
+  /// into `outputs[r]` (PyTorch's `all_to_all`): size() tensors in each
+  /// list, of one dtype and device, of any sizes; `outputs[r]` has as many
+  /// elements as rank r's `inputs[this rank]`. One uneven `alltoall` of the
+  /// packed tensors (options: the deadline; its split sizes must be empty).
+  std::shared_ptr<Work> alltoall(
+      const std::vector<at::Tensor>& outputs,
+      const std::vector<at::Tensor>& inputs,
+      const AlltoallOptions& options = {});
 
   /// Completes once every rank has called it.
   virtual std::shared_ptr<Work> barrier(const BarrierOptions& options = {}) = 0;
@@ -200,6 +225,16 @@ class ProcessGroup {
       const at::Tensor& tensor,
       int src_rank,
       const PointToPointOptions& options = {}) = 0;
+
+  /// Posts every send and receive of `ops` before any completes, and returns
+  /// one Work per op, in order (the same Work for all of them on NCCL, which
+  /// runs the batch as one group launch, as PyTorch's coalesced
+  /// batch_isend_irecv). Pairs posted in any order on the two sides do not
+  /// deadlock. Every op's peer and tag are checked before any is posted
+  /// (PyTorch posts until one fails); `timeout` is each op's deadline.
+  virtual std::vector<std::shared_ptr<Work>> batch_point_to_point(
+      const std::vector<PointToPointOp>& ops,
+      std::chrono::milliseconds timeout = kUseGroupTimeout);
 
  protected:
   /// "[rank R/W]", the prefix of every message about this group.

@@ -142,6 +142,7 @@ class ProcessGroupMPI : public ProcessGroup {
   std::shared_ptr<Work> reduce_scatter(
       const at::Tensor& output, const std::vector<at::Tensor>& inputs,
       const ReduceScatterOptions& options = {}) override;
+  using ProcessGroup::alltoall; // and the list form
   std::shared_ptr<Work> alltoall(
       const at::Tensor& output, const at::Tensor& input, const AlltoallOptions& options = {}) override;
   std::shared_ptr<Work> barrier(const BarrierOptions& options = {}) override;

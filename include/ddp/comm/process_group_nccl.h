@@ -129,6 +129,12 @@ class ProcessGroupNCCL : public ProcessGroup {
   std::shared_ptr<Work> reduce_scatter(
       const at::Tensor& output, const std::vector<at::Tensor>& inputs,
       const ReduceScatterOptions& options = {}) override;
+  /// One group launch for the whole batch; one Work, repeated per op.
+  std::vector<std::shared_ptr<Work>> batch_point_to_point(
+      const std::vector<PointToPointOp>& ops,
+      std::chrono::milliseconds timeout = kUseGroupTimeout) override;
+
+  using ProcessGroup::alltoall; // and the list form
   std::shared_ptr<Work> alltoall(
       const at::Tensor& output, const at::Tensor& input, const AlltoallOptions& options = {}) override;
   std::shared_ptr<Work> barrier(const BarrierOptions& options = {}) override;

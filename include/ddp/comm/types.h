@@ -7,6 +7,7 @@
 #include <chrono>
 #include <cstdint>
 #include <string>
+#include <vector>
 
 namespace ddp {
 
@@ -95,6 +96,13 @@ struct ReduceScatterOptions {
 struct AlltoallOptions {
   /// Deadline of the operation. Default: kUseGroupTimeout.
   std::chrono::milliseconds timeout = kUseGroupTimeout;
+  /// Rows (along the first dimension) of `input` sent to each rank, one
+  /// entry per rank, PyTorch's `input_split_sizes`. Empty: size() equal
+  /// chunks.
+  std::vector<int64_t> input_split_sizes;
+  /// Rows of `output` received from each rank (`output_split_sizes`); rank
+  /// r's must equal what rank r sends this rank. Empty: size() equal chunks.
+  std::vector<int64_t> output_split_sizes;
 };
 
 /// Options of `ProcessGroup::barrier`.

@@ -47,6 +47,7 @@
 
 #include <ddp/comm/error.h>
 
+#include "comm/alltoall_splits.h"
 #include "comm/collective_checks.h"
 #include "comm/fingerprint.h"
 #include "comm/gloo/gloo_api.h"
@@ -65,6 +66,17 @@
 namespace ddp {
 
 namespace {
+
+// Gloo's allgather of `input` (contiguous, CPU) into `output`.
+void allgather_words(const std::shared_ptr<gloo::Context>& context, const at::Tensor& input,
+                     const at::Tensor& output, uint32_t tag, std::chrono::milliseconds timeout) {
+  gloo::AllgatherOptions o(context);
+  internal::set_input(o, input);
+  internal::set_output(o, output);
+  o.setTag(tag);
+  o.setTimeout(timeout);
+  gloo::allgather(o);
+}
 
 // Slot prefix of send/recv; Gloo's own algorithms use 0x01 to 0x08.
 constexpr uint8_t kPointToPointSlotPrefix = 0x20;
@@ -303,12 +315,7 @@ std::shared_ptr<Work> ProcessGroupGloo::allgather(const std::vector<at::Tensor>&
         auto flat = at::empty({static_cast<int64_t>(outputs.size()) * input.numel()},
                               host_input.options());
         if (input.numel() > 0) {
-          gloo::AllgatherOptions o(context);
-          internal::set_input(o, host_input);
-          internal::set_output(o, flat);
-          o.setTag(tag);
-          o.setTimeout(timeout);
-          gloo::allgather(o);
+          allgather_words(context, host_input, flat, tag, timeout);
         }
         for (size_t r = 0; r < outputs.size(); ++r) {
           outputs[r].view({-1}).copy_(flat.narrow(0, r * input.numel(), input.numel()));
@@ -460,12 +467,51 @@ std::shared_ptr<Work> ProcessGroupGloo::reduce_scatter(const at::Tensor& output,
 std::shared_ptr<Work> ProcessGroupGloo::alltoall(const at::Tensor& output, const at::Tensor& input,
                                                  const AlltoallOptions& options) {
   const std::string who = rank_prefix() + " alltoall";
-  internal::check_alltoall(output, input, size(), who, kGlooRules);
+  const auto layout = internal::check_alltoall(output, input, size(), options, who, kGlooRules);
   internal::ContiguousArguments args;
   const at::Tensor dense_output = args.output(output, who, "output");
   const at::Tensor dense_input = args.input(input);
-  return impl_->enqueue_input_output<gloo::AlltoallOptions>(
-      "alltoall", resolve_timeout(options.timeout), dense_output, dense_input, args, &gloo::alltoall);
+  if (!layout.uneven) {
+    return impl_->enqueue_input_output<gloo::AlltoallOptions>(
+        "alltoall", resolve_timeout(options.timeout), dense_output, dense_input, args, &gloo::alltoall);
+  }
+  // Note [Uneven all-to-all]: the table of every rank's splits, then the
+  // exchange, in one task.
+  auto context = impl_->context();
+  const int size = this->size();
+  return impl_->enqueue(
+      internal::Fingerprint{"alltoall", input.scalar_type(), internal::Fingerprint::kUneven},
+      resolve_timeout(options.timeout), args.keep({dense_output, dense_input}),
+      args.wrap([output = dense_output, input = dense_input, layout, context, size, who](
+                    uint32_t tag, std::chrono::milliseconds timeout) {
+        const auto mine = layout.agreement_entry();
+        auto entry = at::tensor(mine, at::kLong);
+        auto table = at::empty({static_cast<int64_t>(mine.size()) * size}, at::kLong);
+        allgather_words(context, entry, table, tag, timeout);
+        internal::check_alltoall_agreement(table.data_ptr<int64_t>(), size, who);
+        internal::HostStaging staging;
+        auto host_output = staging.write(output);
+        auto host_input = staging.read(input);
+        if (host_input.storage().is_alias_of(host_output.storage())) {
+          host_input = host_input.clone(); // read while the output is written
+        }
+        // Gloo moves bytes: counts in bytes, element size 1.
+        const auto bytes = [&](const std::vector<int64_t>& counts) {
+          std::vector<int64_t> result;
+          for (const int64_t c : counts) {
+            result.push_back(c * static_cast<int64_t>(input.element_size()));
+          }
+          return result;
+        };
+        gloo::AlltoallvOptions exchange(context);
+        exchange.setInput(static_cast<uint8_t*>(host_input.data_ptr()), bytes(layout.send_counts));
+        exchange.setOutput(static_cast<uint8_t*>(host_output.data_ptr()), bytes(layout.recv_counts));
+        exchange.setTag(tag);
+        exchange.setTimeout(timeout);
+        gloo::alltoallv(exchange);
+        staging.copy_back();
+        return std::vector<at::Tensor>{output};
+      }));
 }
 
 std::shared_ptr<Work> ProcessGroupGloo::barrier(const BarrierOptions& options) {

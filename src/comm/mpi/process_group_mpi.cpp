@@ -23,6 +23,7 @@
 
 #include <ddp/comm/error.h>
 
+#include "comm/alltoall_splits.h"
 #include "comm/collective_checks.h"
 #include "comm/contiguous_arguments.h"
 #include "comm/fingerprint.h"
@@ -620,7 +621,43 @@ std::shared_ptr<Work> ProcessGroupMPI::reduce_scatter(const at::Tensor& output,
 std::shared_ptr<Work> ProcessGroupMPI::alltoall(const at::Tensor& output, const at::Tensor& input,
                                                 const AlltoallOptions& options) {
   const std::string who = rank_prefix() + " alltoall";
-  internal::check_alltoall(output, input, size(), who, kMpiRules);
+  const auto layout = internal::check_alltoall(output, input, size(), options, who, kMpiRules);
+  if (layout.uneven) {
+    checked_count(input.numel(), who, "input");
+    checked_count(output.numel(), who, "output");
+    const MPI_Datatype datatype = mpi::datatype_of(input.scalar_type());
+    internal::ContiguousArguments args;
+    const at::Tensor dense_output = args.output(output, who, "output");
+    const at::Tensor dense_input = args.input(input);
+    const int size = this->size();
+    // Counts and displacements in elements (each fits an int: the totals do).
+    const auto ints = [](const std::vector<int64_t>& values) { return std::vector<int>(values.begin(), values.end()); };
+    return impl_->engine.enqueue(
+        internal::Fingerprint{"alltoall", input.scalar_type(), internal::Fingerprint::kUneven},
+        resolve_timeout(options.timeout), args.keep({dense_output, dense_input}),
+        static_cast<int64_t>(input.nbytes()),
+        args.wrap([output = dense_output, input = dense_input, layout, datatype, size, who,
+                   send_counts = ints(layout.send_counts), send_offsets = ints(layout.send_offsets),
+                   recv_counts = ints(layout.recv_counts),
+                   recv_offsets = ints(layout.recv_offsets)](MPI_Comm comm) {
+          // Note [Uneven all-to-all]: every rank's splits, checked alike.
+          const auto mine = layout.agreement_entry();
+          std::vector<int64_t> table(mine.size() * static_cast<size_t>(size));
+          mpi::check_mpi(MPI_Allgather(mine.data(), static_cast<int>(mine.size()), MPI_INT64_T, table.data(),
+                                       static_cast<int>(mine.size()), MPI_INT64_T, comm),
+                         "MPI_Allgather (alltoall split sizes)");
+          internal::check_alltoall_agreement(table.data(), size, who);
+          internal::HostStaging staging;
+          const auto host_output = staging.write(output);
+          const auto host_input = separate_input(input.cpu(), host_output);
+          mpi::check_mpi(MPI_Alltoallv(host_input.data_ptr(), send_counts.data(), send_offsets.data(), datatype,
+                                       host_output.data_ptr(), recv_counts.data(), recv_offsets.data(), datatype,
+                                       comm),
+                         "MPI_Alltoallv");
+          staging.copy_back();
+          return std::vector<at::Tensor>{output};
+        }));
+  }
   checked_count(input.numel(), who, "input");
   const int count = static_cast<int>(input.numel() / size()); // per rank
   const MPI_Datatype datatype = mpi::datatype_of(input.scalar_type());

@@ -23,6 +23,7 @@
 
 #include <ddp/comm/error.h>
 
+#include "comm/alltoall_splits.h"
 #include "comm/collective_checks.h"
 #include "comm/contiguous_arguments.h"
 #include "comm/nccl/nccl_engine.h"
@@ -497,13 +498,58 @@ std::shared_ptr<Work> ProcessGroupNCCL::reduce_scatter(const at::Tensor& given_o
 std::shared_ptr<Work> ProcessGroupNCCL::alltoall(const at::Tensor& given_output, const at::Tensor& given_input,
                                                  const AlltoallOptions& options) {
   const std::string who = rank_prefix() + " alltoall";
-  internal::check_alltoall(given_output, given_input, size(), who, kNcclRules);
+  const auto splits = internal::check_alltoall(given_output, given_input, size(), options, who, kNcclRules);
+  if (splits.uneven) {
+    // Note [Uneven all-to-all]: the table of splits first, here a collective
+    // of its own that this call waits for (NCCL runs on streams).
+    const auto mine = splits.agreement_entry();
+    auto entry = at::tensor(mine, at::kLong).to(given_input.device());
+    auto table = at::empty({static_cast<int64_t>(mine.size()) * size()}, entry.options());
+    allgather_into_tensor(table, entry, AllgatherOptions{options.timeout})->wait();
+    const auto host = table.cpu();
+    internal::check_alltoall_agreement(host.data_ptr<int64_t>(), size(), who);
+  }
   // Stand-ins for non-contiguous tensors: Note [Non-contiguous arguments].
   internal::ContiguousArguments args;
   const at::Tensor output = args.output(given_output, who, "output");
   const at::Tensor input = args.input(given_input);
   const int size = this->size();
   const int rank = this->rank();
+  if (splits.uneven) {
+    internal::NcclOp op;
+    op.op_name = "alltoall";
+    op.fingerprint = internal::Fingerprint{"alltoall", input.scalar_type(), internal::Fingerprint::kUneven};
+    op.device = device_index_of(input);
+    op.timeout = resolve_timeout(options.timeout);
+    op.tensors = {output, input};
+    op.outputs = {output};
+    // As below, with each peer's own count, moved as bytes.
+    const auto element = static_cast<size_t>(input.element_size());
+    op.issue = [output, input, size, rank, splits, element](ncclComm_t comm, cudaStream_t stream,
+                                                           const std::string& what) {
+      auto* in = static_cast<uint8_t*>(input.data_ptr());
+      auto* out = static_cast<uint8_t*>(output.data_ptr());
+      for (int r = 0; r < size; ++r) {
+        const size_t send = static_cast<size_t>(splits.send_counts[r]) * element;
+        const size_t recv = static_cast<size_t>(splits.recv_counts[r]) * element;
+        uint8_t* from = in + static_cast<size_t>(splits.send_offsets[r]) * element;
+        uint8_t* to = out + static_cast<size_t>(splits.recv_offsets[r]) * element;
+        if (r == rank) {
+          if (send > 0) {
+            internal::copy_on_stream(to, from, send, stream, what + ": cudaMemcpyAsync");
+          }
+          continue;
+        }
+        if (send > 0) {
+          internal::check_nccl(ncclSend(from, send, ncclUint8, r, comm, stream), comm, what + ": ncclSend");
+        }
+        if (recv > 0) {
+          internal::check_nccl(ncclRecv(to, recv, ncclUint8, r, comm, stream), comm, what + ": ncclRecv");
+        }
+      }
+    };
+    return launch_with(impl_->engine, std::move(op), args);
+  }
 
   internal::NcclOp op;
   op.op_name = "alltoall";
@@ -534,6 +580,55 @@ std::shared_ptr<Work> ProcessGroupNCCL::alltoall(const at::Tensor& given_output,
     }
   };
   return launch_with(impl_->engine, std::move(op), args);
+}
+
+std::vector<std::shared_ptr<Work>> ProcessGroupNCCL::batch_point_to_point(const std::vector<PointToPointOp>& ops,
+                                                                          std::chrono::milliseconds timeout) {
+  const std::string who = rank_prefix() + " batch_isend_irecv";
+  DDP_CHECK(!ops.empty(), who, ": no ops given; expected at least one send or recv");
+  internal::ContiguousArguments args;
+  std::vector<PointToPointOp> dense;
+  std::string detail;
+  for (size_t i = 0; i < ops.size(); ++i) {
+    const auto& given = ops[i];
+    const std::string name = c10::str("ops[", i, "]");
+    internal::check_point_to_point(given.tensor, given.peer, given.tag, rank(), size(), who + ": " + name,
+                                   given.is_send ? "destination" : "source", kNcclRules);
+    PointToPointOp op = given;
+    op.tensor = given.is_send ? args.input(given.tensor) : args.output(given.tensor, who, name);
+    detail += c10::str(i == 0 ? "" : ", ", given.is_send ? "send to " : "recv from ", given.peer);
+    dense.push_back(std::move(op));
+  }
+  internal::NcclOp op;
+  op.op_name = "batch_isend_irecv";
+  op.peer_detail = detail;
+  op.collective = false;
+  op.device = device_index_of(dense.front().tensor);
+  op.timeout = resolve_timeout(timeout);
+  for (const auto& item : dense) {
+    op.tensors.push_back(item.tensor);
+    if (!item.is_send) {
+      op.outputs.push_back(item.tensor);
+    }
+  }
+  // Every send and receive inside the engine's one ncclGroupStart/End.
+  op.issue = [dense](ncclComm_t comm, cudaStream_t stream, const std::string& what) {
+    for (const auto& item : dense) {
+      const auto layout = internal::movement_layout(item.tensor);
+      if (layout.count == 0) {
+        continue;
+      }
+      if (item.is_send) {
+        internal::check_nccl(ncclSend(item.tensor.data_ptr(), layout.count, layout.type, item.peer, comm, stream),
+                             comm, what + ": ncclSend");
+      } else {
+        internal::check_nccl(ncclRecv(item.tensor.data_ptr(), layout.count, layout.type, item.peer, comm, stream),
+                             comm, what + ": ncclRecv");
+      }
+    }
+  };
+  auto work = launch_with(impl_->engine, std::move(op), args);
+  return std::vector<std::shared_ptr<Work>>(ops.size(), work);
 }
 
 std::shared_ptr<Work> ProcessGroupNCCL::barrier(const BarrierOptions& options) {
