@@ -33,6 +33,14 @@ struct NewGroupOptions {
   /// collectives. kUseGroupTimeout means the default group's. Default:
   /// kUseGroupTimeout.
   TORCH_ARG(std::chrono::milliseconds, timeout) = kUseGroupTimeout;
+  /// Only the members call `new_group` (PyTorch's
+  /// `use_local_synchronization=True`): the call takes no group number, and
+  /// the members meet under a name made from the ranks and how many such
+  /// groups of the same ranks this process has made; a non-member that calls
+  /// gets its handle without waiting for anyone. Gloo and NCCL; refused on
+  /// MPI, whose check that the members agree is a collective of the
+  /// default group. Default: false.
+  TORCH_ARG(bool, use_local_synchronization) = false;
 };
 
 /// Creates a process group of the default group's ranks `ranks` (global

@@ -22,6 +22,14 @@
 // (bounded by the timeout), and the members then make the communicator
 // (MPI_Comm_create_group, a collective of the members only).
 //
+// Note [Local synchronization]
+// With use_local_synchronization only the members call: a group number
+// would then differ between members and non-members, so such a call takes
+// none. Its name is local_<hash of the ranks>_<k>, k counting this
+// process's local groups of the same ranks (1, 2, ...): the members, making
+// the same calls for their own groups in the same order, count alike. The
+// members meet in the store under that name as above.
+//
 // A non-member writes nothing and waits for nothing (MPI's check aside):
 // it gets a NonMemberGroup, whose rank() is -1 and whose every operation
 // throws, as PyTorch's GroupMember.NON_GROUP_MEMBER.
@@ -37,6 +45,7 @@
 
 #include <algorithm>
 #include <cstdint>
+#include <map>
 #include <mutex>
 #include <numeric>
 #include <string>
@@ -64,19 +73,16 @@ std::string join_ranks(const std::vector<int>& ranks) {
 // The handle of a process outside the group. Thread-safety: immutable.
 class NonMemberGroup final : public ProcessGroup {
  public:
-  NonMemberGroup(int id, std::vector<int> ranks, int global_rank, int world_size,
+  NonMemberGroup(std::string label, std::vector<int> ranks, int global_rank, int world_size,
                  std::chrono::milliseconds timeout)
       : ProcessGroup(NonMemberTag{}, static_cast<int>(ranks.size()), timeout),
-        id_(id),
+        label_(std::move(label)),
         ranks_(std::move(ranks)),
         global_rank_(global_rank),
         world_size_(world_size) {}
 
   std::string backend_name() const override {
     return "non-member";
-  }
-  int id() const {
-    return id_;
   }
   const std::vector<int>& ranks() const {
     return ranks_;
@@ -135,11 +141,11 @@ class NonMemberGroup final : public ProcessGroup {
     internal::throw_check_error(
         __func__, __FILE__, __LINE__,
         c10::str("[rank ", global_rank_, "/", world_size_, "] ", op,
-                 ": this rank is not a member of group ", id_, " (ranks ", join_ranks(ranks_),
+                 ": this rank is not a member of group ", label_, " (ranks ", join_ranks(ranks_),
                  "); only its members may use it (check ddp::is_member(group) first)"));
   }
 
-  const int id_;
+  const std::string label_; // "3", or "local_<hash>_<k>"
   const std::vector<int> ranks_;
   const int global_rank_; // in the default group, for messages
   const int world_size_;
@@ -147,7 +153,7 @@ class NonMemberGroup final : public ProcessGroup {
 
 // One group that new_group made.
 struct SubgroupRecord {
-  int id = 0;
+  std::string label; // the group number, or local_<hash>_<k>
   std::vector<int> ranks; // sorted global ranks
   std::shared_ptr<ProcessGroup> group;
 };
@@ -155,6 +161,7 @@ struct SubgroupRecord {
 struct Registry {
   std::mutex mutex;
   int last_id = 0;                     // guarded by mutex; only goes up
+  std::map<std::vector<int>, int> local_made; // guarded by mutex; use_local_synchronization groups per ranks
   std::vector<SubgroupRecord> records; // guarded by mutex
 };
 
@@ -184,11 +191,11 @@ int64_t fingerprint(int id, const std::vector<int>& ranks) {
 }
 
 // The members' check through the store; see the file comment.
-void agree_through_store(const internal::DefaultGroupContext& context, int id,
+void agree_through_store(const internal::DefaultGroupContext& context, const std::string& id,
                          const std::vector<int>& ranks, std::chrono::milliseconds timeout) {
   const std::string who = rank_prefix_of(context) + " new_group";
   const std::string text = join_ranks(ranks);
-  const auto key = [id](int rank) { return c10::str("ddp/new_group/", id, "/members/", rank); };
+  const auto key = [&id](int rank) { return c10::str("ddp/new_group/", id, "/members/", rank); };
   context.store->set(key(context.group->rank()), text);
   std::vector<std::string> keys;
   for (int r : ranks) {
@@ -294,18 +301,29 @@ std::shared_ptr<ProcessGroup> new_group(std::vector<int> ranks, const NewGroupOp
             ") has none; use NewGroupOptions().backend(ddp::Backend::kMpi), or leave the "
             "backend as kAuto");
 
-  int id = 0;
-  {
-    auto& reg = registry();
-    std::lock_guard<std::mutex> lock(reg.mutex);
-    id = ++reg.last_id;
-  }
   const int global = context.group->rank();
   const auto position = std::find(ranks.begin(), ranks.end(), global);
   const bool member = position != ranks.end();
+  const bool local = options.use_local_synchronization();
+  DDP_CHECK(!local || backend != Backend::kMpi, who,
+            ": use_local_synchronization is not offered on MPI: the check that the members passed the "
+            "same ranks is a collective of the whole default group there; call new_group on every rank");
+  std::string id;
+  {
+    auto& reg = registry();
+    std::lock_guard<std::mutex> lock(reg.mutex);
+    if (!local) {
+      id = std::to_string(++reg.last_id);
+    } else {
+      // Note [Local synchronization]: the members, and only they, count the
+      // groups of these ranks alike, so the name is the same on each.
+      const int made = member ? ++reg.local_made[ranks] : 0;
+      id = c10::str("local_", std::hex, static_cast<uint64_t>(fingerprint(0, ranks)), std::dec, "_", made);
+    }
+  }
 
   if (backend == Backend::kMpi) {
-    agree_through_default_group(context, id, ranks, timeout);
+    agree_through_default_group(context, std::stoi(id), ranks, timeout);
   } else if (member) {
     agree_through_store(context, id, ranks, timeout);
   }
@@ -318,7 +336,8 @@ std::shared_ptr<ProcessGroup> new_group(std::vector<int> ranks, const NewGroupOp
         InitOptions().backend(backend).timeout(timeout).group_name(c10::str("subgroup_", id)),
         context.master_addr, backend == Backend::kMpi ? ranks : std::vector<int>{});
   } else {
-    group = std::make_shared<NonMemberGroup>(id, ranks, global, world_size, timeout);
+    group = std::make_shared<NonMemberGroup>(local ? "local (ranks " + join_ranks(ranks) + ")" : id, ranks,
+                                             global, world_size, timeout);
   }
   auto& reg = registry();
   std::lock_guard<std::mutex> lock(reg.mutex);
@@ -402,7 +421,7 @@ void destroy_subgroups() noexcept {
     try {
       it->group->wait_for_pending_work();
     } catch (const std::exception& e) {
-      log_warning(c10::str("destroy_process_group: group ", it->id, " (ranks ",
+      log_warning(c10::str("destroy_process_group: group ", it->label, " (ranks ",
                            join_ranks(it->ranks), "): ", e.what()));
     }
     it->group.reset();

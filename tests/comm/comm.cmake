@@ -24,7 +24,7 @@ add_executable(subgroups_main comm/subgroups_main.cpp)
 target_link_libraries(subgroups_main PRIVATE ddp torch GTest::gtest Threads::Threads) # gtest: the PCH's flags
 target_include_directories(subgroups_main PRIVATE ${PROJECT_SOURCE_DIR}/tests)
 ddp_use_test_pch(subgroups_main)
-ddp_add_launched_test(subgroups_4_ranks NPROC 4 COMMAND subgroups_main CASES 8 TIMEOUT 180)
+ddp_add_launched_test(subgroups_4_ranks NPROC 4 COMMAND subgroups_main CASES 9 TIMEOUT 180)
 # The replica groups against PyTorch's DDP over torch.distributed.new_group.
 # (The same cache entry as tests/nn/nn.cmake's, which is included later.)
 set(DDP_TEST_PYTHON "/usr/bin/python3" CACHE FILEPATH

@@ -439,6 +439,46 @@ void mpi_needs_mpi(Report& report) {
   report.end_case();
 }
 
+// use_local_synchronization: only the members call, twice for the same
+// ranks too; the calls take no group number (the later cases check the
+// numbering). Refused on MPI.
+void local_synchronization(Report& report) {
+  const auto world = ddp::default_process_group();
+  if (world->size() != 4) {
+    return;
+  }
+  report.begin_case("use_local_synchronization: only the members call");
+  const auto local = ddp::NewGroupOptions().use_local_synchronization(true);
+  if (world->backend_name() == "mpi") {
+    expect_throws<c10::Error>(report, [&] { ddp::new_group({0, 1}, local); },
+                              "use_local_synchronization is not offered on MPI", "new_group");
+    report.end_case();
+    return;
+  }
+  const int me = world->rank();
+  const auto sum_over = [&](const std::shared_ptr<ddp::ProcessGroup>& group) {
+    auto t = torch::full({1}, 1.0 * me);
+    group->allreduce(t)->wait();
+    return t.item<double>();
+  };
+  auto half = ddp::new_group(me < 2 ? std::vector<int>{0, 1} : std::vector<int>{3, 2}, local);
+  report.expect(ddp::is_member(half) && half->size() == 2, "not a member of its half");
+  report.expect(sum_over(half) == (me < 2 ? 1 : 5), "the half's allreduce");
+  if (me == 1 || me == 2) {
+    auto first = ddp::new_group({1, 2}, local);
+    auto second = ddp::new_group({2, 1}, local);
+    report.expect(sum_over(second) == 3 && sum_over(first) == 3, "the middle groups' allreduces");
+    report.expect(ddp::group_ranks(first) == std::vector<int>{1, 2}, "the middle group's ranks");
+  } else {
+    auto outside = ddp::new_group({1, 2}, local); // returns at once
+    report.expect(!ddp::is_member(outside), "a non-member got a member's group");
+    expect_throws<c10::Error>(report, [&] { outside->barrier(); }, "this rank is not a member of group local",
+                              "non-member barrier");
+  }
+  world->barrier()->wait();
+  report.end_case();
+}
+
 } // namespace
 
 int main(int argc, char** argv) {
@@ -455,6 +495,7 @@ int main(int argc, char** argv) {
     mismatched_calls(report);
     replica_groups(report);
     mpi_needs_mpi(report);
+    local_synchronization(report);
     missing_member(report);
     destroy_and_recreate(report);
     const int status = report.finish();
