@@ -45,7 +45,7 @@ cd "$(dirname "${BASH_SOURCE[0]}")/.." || exit 1
 # runs the code that reads their variables, mnist_train_restart the resume).
 # About 160 s of the ASan run's test time (2026-11-26), and those two
 # minutes.
-readonly ASAN_SKIPPED='^(nccl_backend_compiles|mnist_train_(resume|restart|powersgd|zero1|fsdp|idx)|toy_model_torchrun_(static|c10d)|process_group_mpi_test_4_ranks|fsdp_(3_ranks|mpi_3_ranks)|slurm_cases|torchrun_elastic)$'
+readonly ASAN_SKIPPED='^(nccl_backend_compiles|mnist_train_(resume|restart|powersgd|zero1|fsdp|idx)|toy_model_torchrun_(static|c10d)|process_group_mpi_test_4_ranks|fsdp_(3_ranks|mpi_3_ranks)|objects_(3_ranks|mpi_3_ranks)|slurm_cases|torchrun_elastic)$'
 readonly TSAN_TESTS='^(store_test|tcp_store_test|file_store_test|process_group_gloo_test|process_group_composite_test|gloo_reliability_test|init_test|ddprun_options_test|ddprun_test|distributed_data_parallel_test|ddp_parity_2_ranks|toy_model_2_ranks)$'
 # What those tests run; TSan builds only these.
 readonly TSAN_TARGETS='ddp ddprun store_test tcp_store_test file_store_test process_group_gloo_test process_group_composite_test gloo_reliability_test init_test ddprun_options_test ddprun_test distributed_data_parallel_test ddp_parity_main toy_model'
