@@ -20,12 +20,12 @@ P2POp P2POp::irecv(at::Tensor tensor, int peer, std::shared_ptr<ProcessGroup> gr
 }
 
 std::vector<std::shared_ptr<Work>> batch_isend_irecv(const std::vector<P2POp>& ops) {
-  DDP_CHECK(!ops.empty(), "batch_isend_irecv: the list of P2POps is empty; expected at least one");
   const auto group_of = [](const P2POp& op) { return op.group ? op.group : default_process_group(); };
-  const auto group = group_of(ops.front());
+  const auto group = ops.empty() ? default_process_group() : group_of(ops.front());
   DDP_CHECK(group, "batch_isend_irecv: no process group; call ddp::init_process_group() first or give each "
                    "P2POp a group");
   const std::string who = c10::str("[rank ", group->rank(), "/", group->size(), "] batch_isend_irecv");
+  DDP_CHECK(!ops.empty(), who, ": the list of P2POps is empty; expected at least one");
   DDP_CHECK(is_member(group), who, ": this process is not a member of the ops' group");
   std::vector<PointToPointOp> local;
   for (size_t i = 0; i < ops.size(); ++i) {

@@ -243,7 +243,7 @@ void batch_p2p(Report& report, int rank, int world) {
 
   report.begin_case("batch_isend_irecv errors name the rank and the op");
   const std::string me = "[rank " + std::to_string(rank) + "/" + std::to_string(world) + "] batch_isend_irecv";
-  expect_error(report, [&] { ddp::batch_isend_irecv({}); }, "batch_isend_irecv: the list of P2POps is empty");
+  expect_error(report, [&] { ddp::batch_isend_irecv({}); }, me + ": the list of P2POps is empty");
   expect_error(report, [&] { ddp::batch_isend_irecv({ddp::P2POp::isend(torch::ones({1}), world + 2)}); },
                me + ": ops[0] (isend) names peer " + std::to_string(world + 2) + ", which is not a rank of the group");
   expect_error(report, [&] { ddp::batch_isend_irecv({ddp::P2POp::irecv(torch::ones({1}), rank)}); },
