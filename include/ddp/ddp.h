@@ -32,4 +32,5 @@
 #include <ddp/nn/sharded_checkpoint.h>
 #include <ddp/nn/sync_batch_norm.h>
 #include <ddp/optim/zero_redundancy_optimizer.h>
+#include <ddp/algorithms/model_averaging.h>
 #include <ddp/timeline.h>
