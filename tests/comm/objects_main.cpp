@@ -17,6 +17,8 @@
 
 namespace {
 
+using ddp_test::expect_error;
+using ddp_test::list_of;
 using ddp_test::Report;
 
 // Rank r's object: a dict of every kind of value an IValue carries.
@@ -60,17 +62,6 @@ std::string bytes_of(int rank) {
   bytes.push_back('\0');
   bytes += std::string(static_cast<size_t>(rank) * 3, '\xff');
   return bytes;
-}
-
-// Runs `fn` and expects a c10::Error containing `substring`.
-void expect_error(Report& report, const std::function<void()>& fn, const std::string& substring) {
-  try {
-    fn();
-    report.expect(false, "no error; expected one containing '" + substring + "'");
-  } catch (const c10::Error& e) {
-    const std::string what = e.what_without_backtrace();
-    report.expect(what.find(substring) != std::string::npos, "error '" + what + "' lacks '" + substring + "'");
-  }
 }
 
 void ivalues(Report& report, int rank, int world) {
@@ -276,14 +267,6 @@ void batch_p2p(Report& report, int rank, int world) {
   report.end_case();
 }
 
-c10::impl::GenericList list_of(const std::vector<c10::IValue>& values) {
-  c10::impl::GenericList list(c10::AnyType::get());
-  for (const auto& v : values) {
-    list.push_back(v);
-  }
-  return list;
-}
-
 // --dump PREFIX: what pytorch_objects_parity.py compares with PyTorch's
 // own calls (pytorch_objects_reference.py), pickled into PREFIX.rank<r>.pt.
 void dump(const std::string& prefix, int rank, int world) {
@@ -334,9 +317,7 @@ void dump(const std::string& prefix, int rank, int world) {
     work->wait();
   }
   out.insert("ring", c10::List<at::Tensor>({from_left, from_right}));
-  const auto bytes = torch::pickle_save(out);
-  std::ofstream(prefix + ".rank" + std::to_string(rank) + ".pt", std::ios::binary)
-      .write(bytes.data(), static_cast<std::streamsize>(bytes.size()));
+  ddp_test::write_rank_pickle(out, prefix, rank);
 }
 
 } // namespace

@@ -18,6 +18,8 @@
 
 namespace {
 
+using ddp_test::expect_error;
+using ddp_test::list_of;
 using ddp_test::Report;
 namespace ma = ddp::model_averaging;
 
@@ -47,16 +49,6 @@ bool holds(const std::vector<at::Tensor>& params, double value) {
     }
   }
   return true;
-}
-
-void expect_error(Report& report, const std::function<void()>& fn, const std::string& substring) {
-  try {
-    fn();
-    report.expect(false, "no error; expected one containing '" + substring + "'");
-  } catch (const c10::Error& e) {
-    const std::string what = e.what_without_backtrace();
-    report.expect(what.find(substring) != std::string::npos, "error '" + what + "' lacks '" + substring + "'");
-  }
 }
 
 void periodic(Report& report, int rank, int world) {
@@ -138,14 +130,6 @@ void subgroup_average(Report& report, int rank, int world) {
   report.end_case();
 }
 
-c10::impl::GenericList list_of(const std::vector<at::Tensor>& tensors) {
-  c10::impl::GenericList list(c10::AnyType::get());
-  for (const auto& t : tensors) {
-    list.push_back(t);
-  }
-  return list;
-}
-
 // --dump PREFIX: the schedules of pytorch_averaging_parity.py, every call's
 // parameters, pickled into PREFIX.rank<r>.pt.
 void dump(const std::string& prefix, int rank, int world) {
@@ -167,9 +151,7 @@ void dump(const std::string& prefix, int rank, int world) {
     hierarchical.push_back(list_of(params));
   }
   out.insert("hierarchical", hierarchical);
-  const auto bytes = torch::pickle_save(out);
-  std::ofstream(prefix + ".rank" + std::to_string(rank) + ".pt", std::ios::binary)
-      .write(bytes.data(), static_cast<std::streamsize>(bytes.size()));
+  ddp_test::write_rank_pickle(out, prefix, rank);
 }
 
 } // namespace

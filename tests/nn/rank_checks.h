@@ -12,6 +12,8 @@
 #include <torch/torch.h>
 
 #include <cstdio>
+#include <fstream>
+#include <functional>
 #include <memory>
 #include <string>
 #include <vector>
@@ -155,5 +157,35 @@ class Report {
   int cases_ = 0;
   int failed_ = 0;
 };
+
+/// Runs `fn` and records a failure of the current case unless it throws a
+/// c10::Error containing `substring`.
+inline void expect_error(Report& report, const std::function<void()>& fn, const std::string& substring) {
+  try {
+    fn();
+    report.expect(false, "no error; expected one containing '" + substring + "'");
+  } catch (const c10::Error& e) {
+    const std::string what = e.what_without_backtrace();
+    report.expect(what.find(substring) != std::string::npos, "error '" + what + "' lacks '" + substring + "'");
+  }
+}
+
+/// A list IValue of `values` (tensors or IValues), for pickled dumps.
+template <typename T>
+c10::impl::GenericList list_of(const std::vector<T>& values) {
+  c10::impl::GenericList list(c10::AnyType::get());
+  for (const auto& v : values) {
+    list.push_back(v);
+  }
+  return list;
+}
+
+/// Writes `value` as torch::pickle_save does (what Python's torch.load
+/// reads) to `<prefix>.rank<rank>.pt`, for the parity scripts.
+inline void write_rank_pickle(const c10::IValue& value, const std::string& prefix, int rank) {
+  const auto bytes = torch::pickle_save(value);
+  std::ofstream(prefix + ".rank" + std::to_string(rank) + ".pt", std::ios::binary)
+      .write(bytes.data(), static_cast<std::streamsize>(bytes.size()));
+}
 
 } // namespace ddp_test
