@@ -153,13 +153,18 @@ def driver(args, script=None, name="objects_pytorch_parity", worlds=(2, 3),
     return 0 if passed == total and total > 0 else 1
 
 
-def main():
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+def parse_args(doc):
+    """The flags of both roles (shared with pytorch_averaging_parity.py)."""
+    parser = argparse.ArgumentParser(description=doc.splitlines()[0])
     parser.add_argument("--reference")
     parser.add_argument("--ddprun")
     parser.add_argument("--ours")
     parser.add_argument("--python", default=sys.executable)
-    args = parser.parse_args()
+    return parser.parse_args()
+
+
+def main():
+    args = parse_args(__doc__)
     if args.reference:
         reference(args.reference)
         return 0

@@ -9,7 +9,6 @@ Usage (registered with CTest as averaging_pytorch_parity):
       --ours build/tests/averaging_main --python /usr/bin/python3
 """
 
-import argparse
 import os
 import sys
 
@@ -50,34 +49,24 @@ def reference(prefix):
         averager.average_parameters(params)
         periodic.append([p.detach() for p in params])
     out["periodic"] = periodic
-    if int(torch.__version__.split(".")[0]) < 2:
-        # PyTorch 1.13's new_subgroups refuses to run without CUDA, and so
-        # does its HierarchicalModelAverager: compared with PyTorch 2.x only.
-        out["hierarchical"] = None
-        torch.save(out, "%s.rank%d.pt" % (prefix, rank))
-        dist.barrier()
-        dist.destroy_process_group()
-        return
-    half = max(world // 2, 1)
-    averager = HierarchicalModelAverager(OrderedDict([(2, half), (4, world)]), warmup_steps=1)
-    hierarchical = []
-    for step in range(9):
-        params = params_at(rank, step)
-        averager.average_parameters(params)
-        hierarchical.append([p.detach() for p in params])
-    out["hierarchical"] = hierarchical
+    # PyTorch 1.13's new_subgroups refuses to run without CUDA, and so does
+    # its HierarchicalModelAverager: compared with PyTorch 2.x only (None).
+    out["hierarchical"] = None
+    if int(torch.__version__.split(".")[0]) >= 2:
+        half = max(world // 2, 1)
+        averager = HierarchicalModelAverager(OrderedDict([(2, half), (4, world)]), warmup_steps=1)
+        out["hierarchical"] = []
+        for step in range(9):
+            params = params_at(rank, step)
+            averager.average_parameters(params)
+            out["hierarchical"].append([p.detach() for p in params])
     torch.save(out, "%s.rank%d.pt" % (prefix, rank))
     dist.barrier()
     dist.destroy_process_group()
 
 
 def main():
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--reference")
-    parser.add_argument("--ddprun")
-    parser.add_argument("--ours")
-    parser.add_argument("--python", default=sys.executable)
-    args = parser.parse_args()
+    args = shared.parse_args(__doc__)
     if args.reference:
         reference(args.reference)
         return 0
