@@ -52,13 +52,20 @@ const char* usage() {
          "                         Slurm job)\n"
          "  --csv PATH             rank 0 writes one row of metrics per epoch there\n"
          "  --stop-after-epoch N   exit right after saving epoch N's checkpoint\n"
-         "  --comm-hook NAME       gradient reduction: allreduce, fp16, bf16 or powersgd\n"
-         "                         (default allreduce)\n"
+         "  --comm-hook NAME       gradient reduction: allreduce, fp16, bf16, powersgd or\n"
+         "                         localsgd (post-local SGD with model averaging; default\n"
+         "                         allreduce)\n"
          "  --bucket-cap-mb X      DDP's gradient bucket size in MiB (default 25; small\n"
          "                         values give several buckets to overlap with backward)\n"
          "  --powersgd-rank N      PowerSGD's matrix approximation rank (default 1)\n"
          "  --powersgd-start-iter N  plain steps before PowerSGD compresses (default 10,\n"
          "                         at least 2)\n"
+         "  --local-sgd-period N   localsgd: average the parameters over every rank each\n"
+         "                         N steps (default 4)\n"
+         "  --local-sgd-start-iter N  localsgd: global steps before local SGD starts\n"
+         "                         (default 10)\n"
+         "  --local-sgd-group-size N  localsgd: ranks that average their gradients\n"
+         "                         together in between (default: the ranks of a node)\n"
          "  --optimizer-sharding S  where SGD's momentum lives: none (every rank), zero1\n"
          "                         (sharded, ZeroRedundancyOptimizer) or zero2 (gradients\n"
          "                         sharded too, steps during backward; default none)\n"
@@ -85,8 +92,8 @@ Flags parse_flags(int argc, char** argv) {
       {"--stop-after-epoch", [&](auto& f, auto& v) { flags.stop_after_epoch = parse_int(f, v, 1); }},
       {"--comm-hook",
        [&](auto& f, auto& v) {
-         if (v != "allreduce" && v != "fp16" && v != "bf16" && v != "powersgd") {
-           throw FlagError(f + " must be allreduce, fp16, bf16 or powersgd (got '" + v + "')");
+         if (v != "allreduce" && v != "fp16" && v != "bf16" && v != "powersgd" && v != "localsgd") {
+           throw FlagError(f + " must be allreduce, fp16, bf16, powersgd or localsgd (got '" + v + "')");
          }
          flags.comm_hook = v;
        }},
@@ -109,6 +116,11 @@ Flags parse_flags(int argc, char** argv) {
       {"--powersgd-rank", [&](auto& f, auto& v) { flags.powersgd_rank = parse_int(f, v, 1); }},
       {"--powersgd-start-iter",
        [&](auto& f, auto& v) { flags.powersgd_start_iter = parse_int(f, v, 2); }},
+      {"--local-sgd-period", [&](auto& f, auto& v) { flags.local_sgd_period = parse_int(f, v, 1); }},
+      {"--local-sgd-start-iter",
+       [&](auto& f, auto& v) { flags.local_sgd_start_iter = parse_int(f, v, 0); }},
+      {"--local-sgd-group-size",
+       [&](auto& f, auto& v) { flags.local_sgd_group_size = parse_int(f, v, 1); }},
   };
   for (int i = 1; i < argc; ++i) {
     std::string arg = argv[i];

@@ -40,7 +40,8 @@ struct Flags {
   /// job had been killed there.
   int64_t stop_after_epoch = 0;
   /// How DDP reduces the gradients: "allreduce" (the default hook), "fp16",
-  /// "bf16" (compressed to 16 bits) or "powersgd" (PowerSGD).
+  /// "bf16" (compressed to 16 bits), "powersgd" (PowerSGD) or "localsgd"
+  /// (post-local SGD, with a PeriodicModelAverager after each step).
   std::string comm_hook = "allreduce";
   /// DDP's bucket size in MiB (bucket_cap_mb; the first bucket gets
   /// min(1, this), PyTorch's 1 MiB first bucket when larger).
@@ -49,6 +50,12 @@ struct Flags {
   int64_t powersgd_rank = 1;
   /// PowerSGD's start_powerSGD_iter: plain steps before compression starts.
   int64_t powersgd_start_iter = 10;
+  /// Local SGD: the averager's period, the global steps first (the hook's
+  /// start_localSGD_iter and the averager's warmup), and the size of the
+  /// groups that average gradients in between (0: the ranks of a node).
+  int64_t local_sgd_period = 4;
+  int64_t local_sgd_start_iter = 10;
+  int64_t local_sgd_group_size = 0;
   /// Where SGD's state (its momentum buffers) lives: "none" (every rank
   /// keeps all of it), "zero1" (ddp::optim::ZeroRedundancyOptimizer: each
   /// rank keeps its shard) or "zero2" (the gradients sharded too, the steps

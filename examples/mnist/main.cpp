@@ -49,6 +49,7 @@
 
 #include "data.h"
 #include "flags.h"
+#include "hooks.h"
 #include "net.h"
 #include "progress.h"
 
@@ -497,19 +498,11 @@ int train(const Flags& flags, const ddp::WorldInfo& world, torch::Device device,
     wrapper = model->ptr();
     forward = [&model](const torch::Tensor& x) { return (*model)(x); };
   }
-  // PowerSGD's error feedback and Q memories live in this state, not in the
-  // checkpoints: a resumed run starts them afresh.
-  std::shared_ptr<ddp::comm_hooks::PowerSGDState> powersgd;
-  if (flags.comm_hook == "powersgd") {
-    powersgd = std::make_shared<ddp::comm_hooks::PowerSGDState>(
-        ddp::comm_hooks::PowerSGDOptions()
-            .matrix_approximation_rank(flags.powersgd_rank)
-            .start_powerSGD_iter(flags.powersgd_start_iter));
-    (*model)->register_comm_hook(ddp::comm_hooks::powerSGD(powersgd));
-  } else if (flags.comm_hook == "fp16") {
-    (*model)->register_comm_hook(ddp::comm_hooks::fp16_compress());
-  } else if (flags.comm_hook == "bf16") {
-    (*model)->register_comm_hook(ddp::comm_hooks::bf16_compress());
+  // --comm-hook: registered before a checkpoint is loaded (below), which
+  // then restores the hook's state too.
+  std::optional<mnist::CommHooks> hooks;
+  if (model) {
+    hooks.emplace(flags, *model);
   }
   // With --optimizer-sharding zero1 each rank keeps the momentum of its
   // shard of the parameters only; with zero2 also only its shard's
@@ -559,11 +552,15 @@ int train(const Flags& flags, const ddp::WorldInfo& world, torch::Device device,
                 : flags.optimizer_sharding == "none"
                     ? ""
                     : (", sharded over the ranks (" + flags.optimizer_sharding + ")").c_str());
-    if (powersgd) {
+    if (flags.comm_hook == "powersgd") {
       std::printf("mnist_train: communication hook powersgd: rank %lld, plain for the first %lld "
                   "steps\n",
                   static_cast<long long>(flags.powersgd_rank),
                   static_cast<long long>(flags.powersgd_start_iter));
+    } else if (flags.comm_hook == "localsgd") {
+      std::printf("mnist_train: communication hook localsgd: gradients over every rank for the first %lld "
+                  "steps, then within groups; parameters averaged over every rank each %lld steps\n",
+                  static_cast<long long>(flags.local_sgd_start_iter), static_cast<long long>(flags.local_sgd_period));
     } else if (flags.comm_hook != "allreduce") {
       std::printf("mnist_train: communication hook %s\n", flags.comm_hook.c_str());
     }
@@ -573,6 +570,7 @@ int train(const Flags& flags, const ddp::WorldInfo& world, torch::Device device,
     const std::string path = checkpoint_path(flags.checkpoint_dir, completed_epochs);
     if (!fsdp) {
       ddp::load_checkpoint(*model, optimizer, path);
+      hooks->resumed_after(completed_epochs * steps); // the averager's count
     } else if (ddp::sharded_checkpoint_world_size(path) == group->size()) {
       ddp::load_sharded_checkpoint(*fsdp, optimizer, path); // each rank its own file
     } else {
@@ -611,6 +609,9 @@ int train(const Flags& flags, const ddp::WorldInfo& world, torch::Device device,
         ddp::TimelineScope traced("optimizer step", "optimizer");
         optimizer.step();
       }
+      if (hooks) {
+        hooks->after_step(wrapper->parameters()); // local SGD's averaging
+      }
 
       const int64_t n = x.size(0);
       loss_sum += loss.detach().to(torch::kDouble) * static_cast<double>(n);
@@ -642,6 +643,9 @@ int train(const Flags& flags, const ddp::WorldInfo& world, torch::Device device,
     const double train_loss = totals[0].item<double>() / totals[1].item<double>();
     const double samples_per_s = totals[1].item<double>() / train_seconds;
 
+    if (hooks) {
+      hooks->end_of_epoch(wrapper->parameters()); // local SGD: one model again
+    }
     // DDP: the inner module, with no collective per batch; FSDP: the model.
     const Accuracy accuracy =
         fsdp ? evaluate(**fsdp, forward, true, split->test, *group, device, flags.batch_size)
@@ -691,21 +695,8 @@ int train(const Flags& flags, const ddp::WorldInfo& world, torch::Device device,
     }
   }
 
-  if (powersgd && is_rank0) {
-    // What the default hook would send: every gradient, once per step.
-    int64_t numel = 0;
-    for (const auto& p : wrapper->parameters()) {
-      numel += p.numel();
-    }
-    const auto stats = powersgd->compression_stats();
-    const auto steps_done = std::max<int64_t>(powersgd->iteration(), 1);
-    std::printf("powersgd: %llu bytes allreduced in %lld steps (%.0f per step; the default hook: "
-                "%lld per step); compression rate %.1f once started (step %lld)\n",
-                static_cast<unsigned long long>(powersgd->bytes_allreduced()),
-                static_cast<long long>(powersgd->iteration()),
-                static_cast<double>(powersgd->bytes_allreduced()) / static_cast<double>(steps_done),
-                static_cast<long long>(numel * 4), stats.rate,
-                static_cast<long long>(flags.powersgd_start_iter));
+  if (hooks && is_rank0) {
+    hooks->report(*wrapper);
   }
 
   // A last check that DDP kept the replicas equal, and a checksum by which

@@ -28,6 +28,7 @@
 #include <ddp/nn/fully_sharded_data_parallel.h>
 #include <ddp/nn/insight.h>
 #include <ddp/nn/join.h>
+#include <ddp/nn/post_local_sgd_hook.h>
 #include <ddp/nn/powersgd_hook.h>
 #include <ddp/nn/sharded_checkpoint.h>
 #include <ddp/nn/sync_batch_norm.h>

@@ -1,6 +1,7 @@
 #include <ddp/algorithms/model_averaging.h>
 
 #include <ATen/ATen.h>
+#include <c10/core/GradMode.h>
 
 #include <ddp/group.h>
 #include <ddp/init.h>
@@ -41,7 +42,7 @@ void average_parameters(const std::vector<at::Tensor>& params, const std::shared
   if (!is_member(chosen) || params.empty()) {
     return;
   }
-  at::NoGradGuard no_grad;
+  c10::NoGradGuard no_grad;
   std::vector<at::Tensor> flat;
   for (const auto& p : params) {
     flat.push_back(p.detach().reshape({-1}));
@@ -120,6 +121,16 @@ void HierarchicalModelAverager::average_parameters(const std::vector<at::Tensor>
     }
   }
   ++step_;
+}
+
+void PeriodicModelAverager::set_step(int64_t step) {
+  DDP_CHECK(step >= 0, "PeriodicModelAverager::set_step: the step must not be negative (got ", step, ")");
+  step_ = step;
+}
+
+void HierarchicalModelAverager::set_step(int64_t step) {
+  DDP_CHECK(step >= 0, "HierarchicalModelAverager::set_step: the step must not be negative (got ", step, ")");
+  step_ = step;
 }
 
 } // namespace ddp::model_averaging

@@ -23,6 +23,14 @@
 // match the manifest and reads the pending file, which does. After 5 the new
 // pair is in place. Whatever a crash leaves behind, the next save removes.
 //
+// A model whose communication hook has a state (PowerSGD's error feedback
+// and warm-start matrices, post-local SGD's iteration) gets it saved too:
+// every rank's `CommHookState::save_state` is gathered to rank 0, which
+// writes them into PATH under kHookStateKey (the hook's kind and one byte
+// tensor per rank), so they are committed with the model by the same rename.
+// Loading hands every rank the states of all ranks (the state picks its
+// own, or copes with a run of another size).
+//
 // Loading reads the manifest from PATH and refuses an optimizer file whose
 // size or checksum differs from it, so that a model from one save is never
 // paired with the optimizer state of another. A PATH without a manifest was
@@ -56,6 +64,7 @@
 #include "internal/check.h"
 #include "nn/checkpoint_files.h"
 #include "internal/env.h"
+#include "internal/logging.h"
 
 namespace ddp {
 
@@ -69,6 +78,14 @@ constexpr const char* kManifestKey = "ddp_checkpoint_manifest";
 // The manifest's first line; the number is the format version.
 constexpr const char* kManifestMagic = "ddp_checkpoint";
 constexpr int kFormatVersion = 1;
+// The key of the communication hook's state in the model file's archive.
+constexpr const char* kHookStateKey = "ddp_comm_hook_state";
+
+// A hook's state as saved: its kind, and what each rank's save_state gave.
+struct HookStates {
+  std::string kind;
+  std::vector<std::string> ranks;
+};
 
 std::string who(const ProcessGroup& group, const char* op) {
   return c10::str("[rank ", group.rank(), "/", group.size(), "] ", op);
@@ -195,13 +212,15 @@ struct Manifest {
 // only step that changes which save a reader gets; every file it depends on
 // is complete and fsync'ed before it. See the narrative at the top.
 void write_checkpoint(const DistributedDataParallel& model, torch::optim::Optimizer* optimizer,
-                      const std::string& path) {
+                      const HookStates* hook_states, const std::string& path) {
   const std::shared_ptr<torch::nn::Module> module = model->module();
-  DDP_CHECK(!module->named_parameters(/*recurse=*/false).contains(kManifestKey) &&
-                !module->named_buffers(/*recurse=*/false).contains(kManifestKey) &&
-                !module->named_children().contains(kManifestKey),
-            "the module has a member named '", kManifestKey,
-            "', the name under which the checkpoint keeps its manifest; rename it");
+  for (const char* key : {kManifestKey, kHookStateKey}) {
+    DDP_CHECK(!module->named_parameters(/*recurse=*/false).contains(key) &&
+                  !module->named_buffers(/*recurse=*/false).contains(key) &&
+                  !module->named_children().contains(key),
+              "the module has a member named '", key,
+              "', a name under which the checkpoint keeps its own data; rename it");
+  }
 
   const std::string dir = directory_of(path);
   remove_leftovers(path, /*pending_too=*/false);
@@ -229,6 +248,15 @@ void write_checkpoint(const DistributedDataParallel& model, torch::optim::Optimi
       torch::serialize::OutputArchive archive;
       module->save(archive);
       archive.write(kManifestKey, c10::IValue(manifest.text()));
+      if (hook_states != nullptr) {
+        c10::List<at::Tensor> ranks;
+        for (const std::string& bytes : hook_states->ranks) {
+          ranks.push_back(at::from_blob(const_cast<char*>(bytes.data()), {static_cast<int64_t>(bytes.size())},
+                                        at::kByte)
+                              .clone());
+        }
+        archive.write(kHookStateKey, c10::IValue(c10::ivalue::Tuple::create({hook_states->kind, ranks})));
+      }
       file.save(archive);
       crash_point("model-partial", &file);
       file.finish();
@@ -253,6 +281,37 @@ void write_checkpoint(const DistributedDataParallel& model, torch::optim::Optimi
   remove_leftovers(path, /*pending_too=*/true);
 }
 
+// Every rank's hook state, on rank 0 (a collective of the model's group:
+// the sizes, then the bytes padded to the largest). Empty elsewhere.
+std::vector<std::string> gather_hook_states(ProcessGroup& group, const CommHookState& state,
+                                            const c10::Device& device) {
+  const std::string mine = state.save_state();
+  const int world = group.size();
+  const auto longs = at::TensorOptions(at::kLong).device(device);
+  auto sizes = at::empty({world}, longs);
+  group.allgather_into_tensor(sizes, at::full({1}, static_cast<int64_t>(mine.size()), longs))->wait();
+  const auto host_sizes = sizes.cpu();
+  const int64_t largest = host_sizes.max().item<int64_t>();
+  auto input = at::zeros({largest}, at::kByte);
+  std::memcpy(input.data_ptr(), mine.data(), mine.size());
+  std::vector<at::Tensor> outputs;
+  if (group.rank() == 0) {
+    for (int r = 0; r < world; ++r) {
+      outputs.push_back(at::empty({largest}, at::TensorOptions(at::kByte).device(device)));
+    }
+  }
+  GatherOptions options;
+  options.root_rank = 0;
+  group.gather(outputs, input.to(device), options)->wait();
+  std::vector<std::string> gathered;
+  for (int r = 0; r < static_cast<int>(outputs.size()); ++r) {
+    const auto host = outputs[r].cpu();
+    gathered.emplace_back(reinterpret_cast<const char*>(host.data_ptr<uint8_t>()),
+                          static_cast<size_t>(host_sizes[r].item<int64_t>()));
+  }
+  return gathered;
+}
+
 void save(const DistributedDataParallel& model, torch::optim::Optimizer* optimizer,
           const std::string& path) {
   ProcessGroup& group = *model->process_group();
@@ -266,10 +325,14 @@ void save(const DistributedDataParallel& model, torch::optim::Optimizer* optimiz
               "torch::save yourself)");
     zero->consolidate_state_dict(0);
   }
+  std::optional<HookStates> hook_states;
+  if (const auto state = model->comm_hook_state()) {
+    hook_states = HookStates{state->kind(), gather_hook_states(group, *state, model->device())};
+  }
   std::string error;
   if (group.rank() == 0) {
     try {
-      write_checkpoint(model, optimizer, path);
+      write_checkpoint(model, optimizer, hook_states ? &*hook_states : nullptr, path);
     } catch (const c10::Error& e) {
       error = e.what_without_backtrace();
     } catch (const std::exception& e) {
@@ -349,6 +412,42 @@ std::string matching_optimizer_file(const std::string& prefix, const std::string
   return usual; // not reached
 }
 
+// Hands the model's hook state what the checkpoint holds for it, or warns
+// (rank 0) when one of the two is missing.
+void load_hook_state(DistributedDataParallel& model, torch::serialize::InputArchive& archive,
+                     const std::string& prefix, const std::string& path) {
+  ProcessGroup& group = *model->process_group();
+  const auto state = model->comm_hook_state();
+  c10::IValue saved;
+  const bool has_saved = archive.try_read(kHookStateKey, saved);
+  if (!state || !has_saved) {
+    if (group.rank() == 0 && (state || has_saved)) {
+      internal::log_warning(
+          state ? c10::str(prefix, ": '", path, "' holds no communication hook state: the model's ", state->kind(),
+                           " hook starts afresh (the checkpoint was saved without that hook, or by an older ddp)")
+                : c10::str(prefix, ": '", path,
+                           "' holds a communication hook's state, and the model has no hook with a state: it is "
+                           "ignored (register the hook, e.g. comm_hooks::powerSGD, before load_checkpoint)"));
+    }
+    return;
+  }
+  DDP_CHECK(saved.isTuple() && saved.toTupleRef().elements().size() == 2 &&
+                saved.toTupleRef().elements()[0].isString() && saved.toTupleRef().elements()[1].isTensorList(),
+            prefix, ": cannot load '", path, "': its '", kHookStateKey, "' entry is malformed");
+  const auto& fields = saved.toTupleRef().elements();
+  const std::string& kind = fields[0].toStringRef();
+  DDP_CHECK(kind == state->kind(), prefix, ": '", path, "' holds the state of a ", kind,
+            " hook, and the model's hook is ", state->kind(), "; register the hook it was saved with");
+  std::vector<std::string> ranks;
+  for (const at::Tensor& t : fields[1].toTensorList().vec()) {
+    DDP_CHECK(t.scalar_type() == at::kByte && t.dim() == 1, prefix, ": cannot load '", path,
+              "': a rank's hook state is not a byte tensor");
+    const auto host = t.cpu().contiguous();
+    ranks.emplace_back(reinterpret_cast<const char*>(host.data_ptr<uint8_t>()), static_cast<size_t>(host.numel()));
+  }
+  state->load_state(ranks, group.rank(), group.size());
+}
+
 void load(DistributedDataParallel& model, torch::optim::Optimizer* optimizer,
           const std::string& path) {
   ProcessGroup& group = *model->process_group();
@@ -383,6 +482,7 @@ void load(DistributedDataParallel& model, torch::optim::Optimizer* optimizer,
       optimizer_archive.load_from(optimizer_file, device);
       reading = path;
     }
+    load_hook_state(model, archive, prefix, path);
     copy_from_archive(*model->module(), archive);
     if (optimizer != nullptr) {
       reading = optimizer_file;

@@ -28,6 +28,8 @@ struct DistributedDataParallelImpl::State {
   // Shared so that the first static_graph iteration's output sink can hold
   // it weakly (Note [Delayed reduction] in src/reducer/static_graph.cpp).
   std::shared_ptr<internal::Reducer> reducer;
+  // The registered hook's state (comm_hooks::with_state), for checkpoints.
+  std::shared_ptr<CommHookState> comm_hook_state;
   // Non-owning: set by a live ddp::Join on this module, which unsets it
   // before it ends.
   Join* join = nullptr;

@@ -450,7 +450,13 @@ NoSyncGuard DistributedDataParallelImpl::no_sync() {
 }
 
 void DistributedDataParallelImpl::register_comm_hook(CommHook hook) {
+  std::shared_ptr<CommHookState> hook_state = comm_hooks::state_of(hook);
   state_->reducer->set_comm_hook(std::move(hook));
+  state_->comm_hook_state = std::move(hook_state);
+}
+
+std::shared_ptr<CommHookState> DistributedDataParallelImpl::comm_hook_state() const {
+  return state_->comm_hook_state;
 }
 
 void DistributedDataParallelImpl::register_bucket_reduced_hook(

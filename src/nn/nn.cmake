@@ -1,5 +1,5 @@
 # DistributedDataParallel, its Reducer and bucket assignment, Join,
-# communication hooks and checkpoints.
+# communication hooks (src/comm_hooks/) and checkpoints.
 ddp_add_part(ddp_nn
   src/reducer/bucket_assignment.cpp
   src/reducer/reducer.cpp
@@ -9,8 +9,11 @@ ddp_add_part(ddp_nn
   src/reducer/static_graph.cpp
   src/nn/state_sync.cpp
   src/nn/distributed_data_parallel.cpp
-  src/nn/comm_hooks.cpp
-  src/nn/powersgd_hook.cpp
+  src/comm_hooks/comm_hooks.cpp
+  src/comm_hooks/powersgd_state.cpp
+  src/comm_hooks/powersgd_hook.cpp
+  src/comm_hooks/batched_powersgd_hook.cpp
+  src/comm_hooks/post_local_sgd_hook.cpp
   src/nn/join.cpp
   src/nn/checkpoint_files.cpp
   src/nn/checkpoint.cpp

@@ -13,12 +13,13 @@ ddp_add_output_test(toy_model_alone EXIT 0
 # epoch 1 and resumed ends bit for bit where an uninterrupted run ends, and so
 # does one whose rank 1 is killed mid-epoch under ddprun --max-restarts 1; it
 # reads IDX files with --data; with --comm-hook powersgd its accuracy stays
-# within 0.03 of the uncompressed run's; with --optimizer-sharding zero1 it
+# within 0.03 of the uncompressed run's, and so does local SGD's
+# (--comm-hook localsgd, period 4) with fewer bytes; with --optimizer-sharding zero1 it
 # ends bit for bit where the unsharded run ends, resumed or not, and from an
 # unsharded checkpoint; with --fsdp it ends where DDP ends, resumed or not,
 # and a sharded checkpoint resumes on another world size (see
 # run_mnist_train_test.sh).
-foreach(mode accuracy resume restart powersgd zero1 fsdp idx)
+foreach(mode accuracy resume restart powersgd localsgd zero1 fsdp idx)
   add_test(NAME mnist_train_${mode}
     COMMAND sh ${CMAKE_CURRENT_SOURCE_DIR}/examples/run_mnist_train_test.sh
             $<TARGET_FILE:ddprun> $<TARGET_FILE:mnist_train>

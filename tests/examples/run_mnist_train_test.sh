@@ -21,6 +21,14 @@
 #     times fewer bytes per step): PowerSGD's final test accuracy must be
 #     within 0.03 of the uncompressed run's (0.944 vs 0.946 seen), and it must
 #     have sent fewer bytes.
+#   run_mnist_train_test.sh DDPRUN MNIST_TRAIN WORK_DIR localsgd
+#     The accuracy run's settings with the default hook and with
+#     --comm-hook localsgd (post-local SGD from step 10, each rank alone in
+#     between, parameters averaged over both ranks every 4 steps and at each
+#     epoch's end): its final test accuracy must be within 0.03 of the
+#     default hook's (0.938 vs 0.946 seen), it must have averaged fewer bytes
+#     over all ranks per step (35187 vs 87360 seen), and the replicas must
+#     agree at the end.
 #   run_mnist_train_test.sh DDPRUN MNIST_TRAIN WORK_DIR zero1
 #     --optimizer-sharding zero1 (each rank keeps the momentum of its shard)
 #     must end bit for bit where the unsharded run ends, straight, stopped
@@ -43,7 +51,7 @@
 set -eu
 
 if [ $# -ne 4 ]; then
-  echo "usage: $0 DDPRUN MNIST_TRAIN WORK_DIR accuracy|resume|restart|powersgd|zero1|fsdp|idx" >&2
+  echo "usage: $0 DDPRUN MNIST_TRAIN WORK_DIR accuracy|resume|restart|powersgd|localsgd|zero1|fsdp|idx" >&2
   exit 2
 fi
 ddprun=$1
@@ -57,6 +65,15 @@ mkdir -p "$work"
 fail() {
   echo "FAIL: $*" >&2
   exit 1
+}
+
+# "SENT DEFAULT" from the hook's closing line (matching PATTERN) in LOG:
+# "... (SENT per step; the default hook: DEFAULT per step...".
+bytes_per_step() {
+  line=$(grep "$2" "$1") || fail "no line matching '$2' in $1"
+  sent=$(echo "$line" | sed -n 's/.*(\([0-9]*\) per step; the default hook: \([0-9]*\) per step.*/\1 \2/p')
+  [ -n "$sent" ] || fail "cannot read the bytes per step in: $line"
+  echo "$sent"
 }
 
 # run NAME ARGS...: runs mnist_train on 2 ranks, output in $work/NAME.log.
@@ -176,18 +193,33 @@ case "$mode" in
       --powersgd-start-iter 10
     grep -q 'communication hook powersgd: rank 4, plain for the first 10 steps' \
       "$work/powersgd.log" || fail "mnist_train did not say that it uses PowerSGD"
-    line=$(grep 'powersgd: .* bytes allreduced' "$work/powersgd.log") ||
-      fail "no 'powersgd: ... bytes allreduced' line"
-    sent=$(echo "$line" | sed -n 's/.*(\([0-9]*\) per step; the default hook: \([0-9]*\) per step).*/\1 \2/p')
-    [ -n "$sent" ] || fail "cannot read the bytes per step in: $line"
-    # shellcheck disable=SC2086 # two numbers
-    set -- $sent
+    # shellcheck disable=SC2046 # two numbers
+    set -- $(bytes_per_step "$work/powersgd.log" 'powersgd: .* bytes allreduced')
     [ "$1" -lt "$2" ] || fail "PowerSGD sent $1 bytes per step, the default hook $2"
     plain=$(csv_field "$work/plain.csv" 3 3)
     compressed=$(csv_field "$work/powersgd.csv" 3 3)
     awk -v p="$plain" -v c="$compressed" 'BEGIN { exit !(c >= p - 0.03) }' ||
       fail "PowerSGD's test accuracy $compressed is more than 0.03 below the uncompressed $plain"
     echo "OK: test accuracy $compressed with PowerSGD (rank 4), $plain uncompressed (margin 0.03); $1 bytes per step vs $2"
+    ;;
+  localsgd)
+    common="--epochs 3 --train-size 3000 --test-size 500 --lr 0.03"
+    # shellcheck disable=SC2086 # $common is a list of flags
+    run plain $common --csv "$work/plain.csv"
+    # shellcheck disable=SC2086
+    run localsgd $common --csv "$work/localsgd.csv" --comm-hook localsgd --local-sgd-period 4 \
+      --local-sgd-start-iter 10 --local-sgd-group-size 1
+    grep -q 'communication hook localsgd: gradients over every rank for the first 10 steps' \
+      "$work/localsgd.log" || fail "mnist_train did not say that it uses local SGD"
+    grep -q 'they agree across 2 ranks' "$work/localsgd.log" || fail "the replicas differ at the end"
+    # shellcheck disable=SC2046 # two numbers
+    set -- $(bytes_per_step "$work/localsgd.log" 'localsgd: .* bytes averaged over all')
+    [ "$1" -lt "$2" ] || fail "local SGD averaged $1 bytes per step over all ranks, the default hook $2"
+    plain=$(csv_field "$work/plain.csv" 3 3)
+    local_sgd=$(csv_field "$work/localsgd.csv" 3 3)
+    awk -v p="$plain" -v c="$local_sgd" 'BEGIN { exit !(c >= p - 0.03) }' ||
+      fail "local SGD's test accuracy $local_sgd is more than 0.03 below the default hook's $plain"
+    echo "OK: test accuracy $local_sgd with local SGD (period 4), $plain with DDP's default (margin 0.03); $1 bytes per step over all ranks vs $2"
     ;;
   zero1)
     common="--epochs 2 --train-size 1200 --test-size 200 --lr 0.03"

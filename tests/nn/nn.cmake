@@ -74,6 +74,18 @@ ddp_add_nn_program(ddp_powersgd_main nn/powersgd_main.cpp)
 ddp_add_launched_test(ddp_powersgd_2_ranks NPROC 2 COMMAND ddp_powersgd_main CASES 7 TIMEOUT 90)
 ddp_add_launched_test(ddp_powersgd_3_ranks NPROC 3 COMMAND ddp_powersgd_main CASES 7 TIMEOUT 90)
 ddp_add_alone_test(ddp_powersgd_alone COMMAND ddp_powersgd_main CASES 7 TIMEOUT 60)
+# Stateful hooks (PowerSGD, batched PowerSGD, post-local SGD) across a
+# checkpoint: resumed == uninterrupted, on 2 and 3 ranks and on MPI; the
+# refusals of a state that does not fit.
+ddp_add_nn_program(ddp_hook_resume_main nn/hook_resume_main.cpp)
+ddp_add_launched_test(ddp_hook_resume_2_ranks NPROC 2 COMMAND ddp_hook_resume_main CASES 6
+  ARGS ${CMAKE_CURRENT_BINARY_DIR} TIMEOUT 90)
+ddp_add_launched_test(ddp_hook_resume_3_ranks NPROC 3 COMMAND ddp_hook_resume_main CASES 6
+  ARGS ${CMAKE_CURRENT_BINARY_DIR} TIMEOUT 90)
+if(DDP_HAVE_MPI)
+  ddp_add_mpi_test(ddp_hook_resume_mpi_2_ranks NP 2 COMMAND ddp_hook_resume_main CASES 6
+    ARGS ${CMAKE_CURRENT_BINARY_DIR} TIMEOUT 90)
+endif()
 # Errors on every rank, no hang: models that differ across ranks, a
 # parameter without a gradient when find_unused_parameters is off, and ranks
 # that disagree on no_sync() under Join (on 2 and 3 ranks).

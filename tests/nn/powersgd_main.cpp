@@ -1,6 +1,6 @@
 // The PowerSGD communication hook on W ranks against one process. Both of
 // PowerSGD's allreduces are linear in the gradients (see
-// src/nn/powersgd_hook.cpp), so W ranks that each train on their slice of a
+// src/comm_hooks/powersgd_hook.cpp), so W ranks that each train on their slice of a
 // global batch must end where one process ends that runs the same hook, in
 // a world of size 1, on the whole batch: the mean of the ranks' error
 // feedback is that process's error. Also the bytes the hook sends (closed

@@ -223,16 +223,21 @@ def finish(net, path, writer=0):
         print("wrote " + path, flush=True)
 
 
-def train_and_write(net, ddp_kwargs, path, make_optimizer=sgd):
+def train_and_write(net, ddp_kwargs, path, make_optimizer=sgd, hook=None, averager=None):
+    """hook: (state, hook) to register; averager: called after each step."""
     rank = dist.get_rank()
     start(net, path)
     model = nn.parallel.DistributedDataParallel(net, **ddp_kwargs)
+    if hook is not None:
+        model.register_comm_hook(*hook)
     optimizer = make_optimizer(model)
     for step in range(K_STEPS):
         x, y = rank_batch(step, rank, dist.get_world_size())
         optimizer.zero_grad()
         F.mse_loss(model(x), y).backward()
         optimizer.step()
+        if averager is not None:
+            averager.average_parameters(model.parameters())
     finish(net, path)
 
 
@@ -607,20 +612,57 @@ def powersgd(matrix_rank, path):
     feedback and warm start on, random_seed 0 (pytorch_parity_main.cpp's
     powersgd)."""
     from torch.distributed.algorithms.ddp_comm_hooks import powerSGD_hook
-    rank = dist.get_rank()
-    net = make_mlp()
-    start(net, path)
-    model = nn.parallel.DistributedDataParallel(net)
     state = powerSGD_hook.PowerSGDState(process_group=None, matrix_approximation_rank=matrix_rank,
                                         start_powerSGD_iter=2)
-    model.register_comm_hook(state, powerSGD_hook.powerSGD_hook)
-    optimizer = sgd(model)
-    for step in range(K_STEPS):
-        x, y = rank_batch(step, rank, dist.get_world_size())
-        optimizer.zero_grad()
-        F.mse_loss(model(x), y).backward()
-        optimizer.step()
-    finish(net, path)
+    train_hooked(state, powerSGD_hook.powerSGD_hook, path)
+
+
+def train_hooked(state, hook, path, averager=None):
+    """The MLP under DDP with a communication hook (and a model averager
+    after each step), as pytorch_parity_main.cpp's train_hooked."""
+    train_and_write(make_mlp(), {}, path, hook=(state, hook), averager=averager)
+
+
+def powersgd_same_shape(path):
+    """powerSGD_hook with batch_tensors_with_same_shape (rank 1)."""
+    from torch.distributed.algorithms.ddp_comm_hooks import powerSGD_hook
+    state = powerSGD_hook.PowerSGDState(process_group=None, matrix_approximation_rank=1,
+                                        start_powerSGD_iter=2, batch_tensors_with_same_shape=True)
+    train_hooked(state, powerSGD_hook.powerSGD_hook, path)
+
+
+def batched_powersgd(path):
+    """batched_powerSGD_hook (rank 1). PyTorch 1.13 to 2.11 fail its first
+    compressed iteration: their _orthogonalize asserts a batch of matrices
+    (3-D) and this hook passes a 2-D Q and P. Run with that one call fixed:
+    a 2-D matrix orthogonalized as a batch of one, in place."""
+    from torch.distributed.algorithms.ddp_comm_hooks import powerSGD_hook
+    batch_only = powerSGD_hook._orthogonalize
+
+    def orthogonalize(matrices, epsilon=0):
+        batch_only(matrices.unsqueeze(0) if matrices.dim() == 2 else matrices, epsilon)
+
+    powerSGD_hook._orthogonalize = orthogonalize
+    try:
+        state = powerSGD_hook.PowerSGDState(process_group=None, matrix_approximation_rank=1,
+                                            start_powerSGD_iter=2)
+        train_hooked(state, powerSGD_hook.batched_powerSGD_hook, path)
+    finally:
+        powerSGD_hook._orthogonalize = batch_only
+
+
+def post_local_sgd(path):
+    """post_localSGD_hook from step 2 with local groups of one rank, and a
+    PeriodicModelAverager(period 2, warmup 2) after each step."""
+    from torch.distributed.algorithms.ddp_comm_hooks import post_localSGD_hook
+    from torch.distributed.algorithms.model_averaging import averagers
+    # new_subgroups(group_size=1), which PyTorch 1.13 refuses without CUDA.
+    groups = [dist.new_group([r]) for r in range(dist.get_world_size())]
+    subgroup = groups[dist.get_rank()]
+    state = post_localSGD_hook.PostLocalSGDState(process_group=None, subgroup=subgroup,
+                                                 start_localSGD_iter=2)
+    train_hooked(state, post_localSGD_hook.post_localSGD_hook, path,
+                 averagers.PeriodicModelAverager(period=2, warmup_steps=2))
 
 
 def zero(path, optimizer_class, params_of, bucket_view, **defaults):
@@ -649,6 +691,9 @@ def main():
     # of 5 runs.
     powersgd(1, prefix + ".powersgd_rank1.txt")
     powersgd(2, prefix + ".powersgd_rank2.txt")
+    powersgd_same_shape(prefix + ".powersgd_same_shape.txt")
+    batched_powersgd(prefix + ".batched_powersgd.txt")
+    post_local_sgd(prefix + ".post_local_sgd.txt")
     train_and_write(BranchNet(),
                     {"find_unused_parameters": True, "gradient_as_bucket_view": True},
                     prefix + ".branch.txt")

@@ -36,6 +36,9 @@ TRAINED = (
     "mlp",              # the plain case
     "powersgd_rank1",   # the PowerSGD hook, rank 1, against powerSGD_hook (same random Q)
     "powersgd_rank2",   # the PowerSGD hook, rank 2 (the last layer goes uncompressed)
+    "powersgd_same_shape",  # rank 1, batch_tensors_with_same_shape (two 16 x 16 weights)
+    "batched_powersgd",     # batched_powerSGD_hook: the bucket as one padded square
+    "post_local_sgd",       # post_localSGD_hook from step 2 + PeriodicModelAverager
     "branch",           # a layer that forward never uses (find_unused_parameters)
     "unused_output",    # an output that the loss does not use (find_unused_parameters)
     "no_sync_buffers",  # BatchNorm statistics after no_sync: no broadcast after it
@@ -55,7 +58,8 @@ TRAINED = (
 # Tighter tolerances: PowerSGD moves the rank-2 result only about 1e-5 away
 # from plain averaging here, so 1e-5 would not tell them apart (ours matches
 # PyTorch's powerSGD_hook to 0 on 2 ranks, 7.5e-9 on 3).
-TOLERANCE_OF = {"powersgd_rank1": 1e-7, "powersgd_rank2": 1e-7}
+TOLERANCE_OF = {"powersgd_rank1": 1e-7, "powersgd_rank2": 1e-7, "powersgd_same_shape": 1e-7,
+                "batched_powersgd": 1e-7}
 REFUSED = (
     "no_parameters",    # a module without parameters
     "frozen",           # a module whose parameters are all frozen

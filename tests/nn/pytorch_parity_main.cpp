@@ -15,10 +15,12 @@
 // Exits 1 on an unexpected error. With CONFIGURATION names, runs only those.
 //
 // The configurations (each function below says what it checks), in the
-// reference's order: mlp, powersgd_rank1, powersgd_rank2, branch,
+// reference's order: mlp, powersgd_rank1, powersgd_rank2,
+// powersgd_same_shape, batched_powersgd, post_local_sgd, branch,
 // unused_output, no_sync_buffers, join_buffers, join_unused, no_parameters,
 // frozen, two_forwards, embedding, embedding_bag, sync_batch_norm,
-// sync_batch_norm_uneven, static_twice, static_unused, static_join.
+// sync_batch_norm_uneven, static_twice, static_unused, static_join,
+// zero_adam, zero_sgd_groups.
 
 #include <torch/torch.h>
 
@@ -395,22 +397,44 @@ bool sync_batch_norm_uneven(const std::string& path) {
 // two plain steps, then three compressed ones with error feedback and warm
 // start, from the random Q that PyTorch draws for seed 0. At rank 2 the last
 // layer (4 x 16) is not worth compressing and goes uncompressed.
-bool powersgd(int64_t matrix_rank, const std::string& path) {
+// powersgd_same_shape: rank 1 with batch_tensors_with_same_shape (the two
+// 16 x 16 weights compressed as one batch). batched_powersgd: the hook that
+// compresses the whole bucket as one padded square matrix (PyTorch's
+// batched_powerSGD_hook, with its 2-D orthogonalization fixed: see the
+// reference). post_local_sgd: post_localSGD_hook with local groups of one
+// rank from step 2, and a PeriodicModelAverager (period 2, warmup 2).
+bool train_hooked(ddp::CommHook hook, const std::string& path,
+                  std::shared_ptr<ddp::model_averaging::PeriodicModelAverager> averager = nullptr) {
   auto net = ddp_test::make_mlp();
   ddp_test::init_closed_form(*net);
   ddp::DistributedDataParallel model(net);
-  model->register_comm_hook(ddp::comm_hooks::powerSGD(
-      std::make_shared<ddp::comm_hooks::PowerSGDState>(ddp::comm_hooks::PowerSGDOptions()
-                                                           .matrix_approximation_rank(matrix_rank)
-                                                           .start_powerSGD_iter(2))));
+  model->register_comm_hook(std::move(hook));
   auto optimizer = make_sgd(model);
   for (int step = 0; step < kSteps; ++step) {
     auto [x, y] = ddp_test::rank_batch(step, rank(), world_size());
     optimizer.zero_grad();
     torch::mse_loss(model(x), y).backward();
     optimizer.step();
+    if (averager) {
+      averager->average_parameters(model->parameters());
+    }
   }
   return write_result(*net, path);
+}
+
+bool powersgd(ddp::comm_hooks::PowerSGDOptions options, bool batched, const std::string& path) {
+  auto state = std::make_shared<ddp::comm_hooks::PowerSGDState>(options.start_powerSGD_iter(2));
+  return train_hooked(batched ? ddp::comm_hooks::batched_powerSGD(state) : ddp::comm_hooks::powerSGD(state), path);
+}
+
+bool powersgd(int64_t matrix_rank, const std::string& path) {
+  return powersgd(ddp::comm_hooks::PowerSGDOptions().matrix_approximation_rank(matrix_rank), false, path);
+}
+
+bool post_local_sgd(const std::string& path) {
+  auto state = std::make_shared<ddp::comm_hooks::PostLocalSGDState>(nullptr, ddp::new_subgroups(1).mine, 2);
+  return train_hooked(ddp::comm_hooks::post_localSGD(state), path,
+                      std::make_shared<ddp::model_averaging::PeriodicModelAverager>(2, 2));
 }
 
 } // namespace
@@ -474,6 +498,13 @@ int main(int argc, char** argv) {
        [](const std::string& path) { return train_and_write(ddp_test::make_mlp(), {}, path); }},
       {"powersgd_rank1", [](const std::string& path) { return powersgd(1, path); }},
       {"powersgd_rank2", [](const std::string& path) { return powersgd(2, path); }},
+      {"powersgd_same_shape",
+       [](const std::string& path) {
+         return powersgd(ddp::comm_hooks::PowerSGDOptions().batch_tensors_with_same_shape(true), false, path);
+       }},
+      {"batched_powersgd",
+       [](const std::string& path) { return powersgd(ddp::comm_hooks::PowerSGDOptions(), true, path); }},
+      {"post_local_sgd", post_local_sgd},
       {"branch",
        [](const std::string& path) {
          return train_and_write(ddp_test::BranchNet(),

@@ -40,6 +40,10 @@ class PeriodicModelAverager {
   int64_t step() const {
     return step_;
   }
+  /// Sets the call count, as assigning PyTorch's `averager.step` does: to
+  /// resume a run from a checkpoint, set it to the optimizer steps taken.
+  /// Throws `c10::Error` when negative.
+  void set_step(int64_t step);
 
  private:
   int64_t period_;
@@ -67,9 +71,12 @@ class HierarchicalModelAverager {
 
   void average_parameters(const std::vector<at::Tensor>& params);
 
+  /// Calls so far.
   int64_t step() const {
     return step_;
   }
+  /// As PeriodicModelAverager::set_step.
+  void set_step(int64_t step);
 
  private:
   std::vector<std::pair<int64_t, std::shared_ptr<ProcessGroup>>> levels_; // period, this rank's group

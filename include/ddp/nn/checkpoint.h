@@ -15,7 +15,10 @@ class Optimizer;
 namespace ddp {
 
 /// Rank 0 saves the wrapped module's parameters and buffers to `path`, then
-/// every rank waits at a barrier. The names carry no wrapper prefix: a plain
+/// every rank waits at a barrier. A communication hook with a state
+/// (`comm_hooks::with_state`: PowerSGD's, post-local SGD's) has every rank's
+/// state saved in the same file; `load_checkpoint` restores it into the
+/// hook registered at that time. The names carry no wrapper prefix: a plain
 /// single-process program reads the file with `torch::load(net, path)`.
 /// Atomic: the file is written under a temporary name, flushed to disk and
 /// renamed into place, so a crash leaves the old checkpoint or the new one,

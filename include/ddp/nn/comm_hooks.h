@@ -80,7 +80,35 @@ class GradBucket {
 /// same collectives on every rank (the ProcessGroup contract).
 using CommHook = std::function<std::shared_ptr<Work>(ProcessGroup& group, GradBucket& bucket)>;
 
+/// What a stateful communication hook (PowerSGD, post-local SGD) keeps
+/// between iterations, so that `save_checkpoint` can carry it: a run
+/// resumed from a checkpoint then continues as the uninterrupted run would.
+/// Attach it to the hook with `comm_hooks::with_state` (the hooks of
+/// `<ddp/nn/powersgd_hook.h>` and `<ddp/nn/post_local_sgd_hook.h>` come
+/// with theirs). Called between iterations only.
+class CommHookState {
+ public:
+  virtual ~CommHookState() = default;
+  /// What kind of state this is ("powerSGD"): a checkpoint's state loads
+  /// only into a state of the same kind.
+  virtual std::string kind() const = 0;
+  /// This rank's state, as bytes that `load_state` reads back.
+  virtual std::string save_state() const = 0;
+  /// Replaces this rank's state with what a checkpoint holds: `saved[r]` is
+  /// what rank r's `save_state` returned, for every rank of the run that
+  /// saved (which may have had another size). Throws `c10::Error`, leaving
+  /// the state as it was, when `saved` cannot be loaded.
+  virtual void load_state(const std::vector<std::string>& saved, int rank, int world_size) = 0;
+};
+
 namespace comm_hooks {
+
+/// `hook` with `state` attached: `register_comm_hook` finds the state, and
+/// `save_checkpoint` / `load_checkpoint` carry it.
+CommHook with_state(std::shared_ptr<CommHookState> state, CommHook hook);
+
+/// The state attached to `hook` by `with_state`, or nullptr.
+std::shared_ptr<CommHookState> state_of(const CommHook& hook);
 
 /// The default: divides the bucket by the world size and allreduces it in
 /// place (the mean of the ranks' gradients).

@@ -183,8 +183,14 @@ class DistributedDataParallelImpl : public torch::nn::Module {
   NoSyncGuard no_sync();
 
   /// Replaces the communication hook (default: comm_hooks::allreduce()).
-  /// Call before the first backward.
+  /// Call before the first backward. A hook made with
+  /// `comm_hooks::with_state` (PowerSGD's, post-local SGD's) brings its
+  /// state, which `save_checkpoint` and `load_checkpoint` then carry: register
+  /// it before loading a checkpoint.
   void register_comm_hook(CommHook hook);
+
+  /// The registered hook's state (see register_comm_hook), or nullptr.
+  std::shared_ptr<CommHookState> comm_hook_state() const;
 
   /// Called once per gradient bucket of every synchronised backward, after
   /// the bucket's reduced gradients are in its parameters' `.grad`: in

@@ -13,6 +13,8 @@
 #include <map>
 #include <memory>
 #include <random>
+#include <string>
+#include <vector>
 
 #include <ddp/nn/comm_hooks.h>
 
@@ -53,6 +55,12 @@ struct PowerSGDOptions {
   /// PyTorch's for the same seed (its NumPy RandomState picks a torch seed per
   /// initialisation). Default: 0.
   TORCH_ARG(uint32_t, random_seed) = 0;
+  /// Compress the gradient matrices of one shape in a bucket as one batch
+  /// (one batched matrix product instead of one per matrix: faster when
+  /// compression is the bottleneck; a larger bucket_cap_mb puts more
+  /// matrices of a shape in one bucket). The same values as without, up to
+  /// rounding. Default: false.
+  TORCH_ARG(bool, batch_tensors_with_same_shape) = false;
 };
 
 /// What compression saved since the state was made, as PyTorch's
@@ -74,7 +82,7 @@ struct PowerSGDCompressionStats {
 /// decompression step on the process group's thread; the accessors below may
 /// be called from any thread (they read atomics), the memories only between
 /// iterations.
-class PowerSGDState {
+class PowerSGDState : public CommHookState {
  public:
   /// Throws `c10::Error` for a rank below 1, a `start_powerSGD_iter` below 2
   /// with error feedback or warm start, or a negative epsilon or rate.
@@ -109,14 +117,53 @@ class PowerSGDState {
   /// compression. Call between iterations.
   at::Tensor error(size_t bucket_index) const;
 
+  /// CommHookState: what `save_checkpoint` keeps of the state (the
+  /// iteration, the random generator, the statistics, and per bucket the
+  /// error feedback and the warm-start Q, with the names of the bucket's
+  /// parameters) and how `load_checkpoint` restores it. A state loads only
+  /// what a state of the same options saved (a c10::Error names the first
+  /// option that differs). From a run of another size, every rank takes
+  /// rank 0's state without its error feedback (which was per rank), and
+  /// rank 0 logs a warning. A saved bucket whose parameters differ from
+  /// this model's bucket of the same index starts afresh (a warning says so).
+  std::string kind() const override;
+  std::string save_state() const override;
+  void load_state(const std::vector<std::string>& saved, int rank, int world_size) override;
+
  private:
   friend CommHook powerSGD(std::shared_ptr<PowerSGDState> state);
+
+/// PowerSGD on the whole bucket (PyTorch's `batched_powerSGD_hook`): the
+/// bucket's flat gradients, padded with zeros to the next square, are one
+/// matrix of side ceil(sqrt(numel)), compressed to rank
+/// min(matrix_approximation_rank, side); no `min_compression_rate`, no
+/// uncompressed tensors. Coarser than `powerSGD` (one approximation mixes
+/// every layer of the bucket) and faster; error feedback and warm start as
+/// there (the error keeps the padding's share, as PyTorch's does). Its
+/// state must not be shared with a `powerSGD` hook.
+CommHook batched_powerSGD(std::shared_ptr<PowerSGDState> state);
+  friend CommHook batched_powerSGD(std::shared_ptr<PowerSGDState> state);
   struct BucketMemory;
   struct InFlight;
 
   std::shared_ptr<Work> run_hook(ProcessGroup& group, GradBucket& bucket);
+  std::shared_ptr<Work> run_batched_hook(ProcessGroup& group, GradBucket& bucket);
   std::shared_ptr<Work> plain_allreduce(ProcessGroup& group, GradBucket& bucket);
+  // Before start_powerSGD_iter, or for a sparse bucket: the plain average
+  // (counting the iteration); nullptr when the bucket is to be compressed.
+  std::shared_ptr<Work> plain_unless_compressing(ProcessGroup& group, GradBucket& bucket);
+  // Allreduces `current->first`, makes the bucket's Work and chains it.
+  std::shared_ptr<Work> launch(ProcessGroup& group, std::unique_ptr<InFlight> current, const char* hook, bool last);
+  // Waits for the first allreduce; false (and the bucket's Work failed) if it failed.
+  static bool first_completed(InFlight& bucket);
+  // The bucket's memory, made or (from a checkpoint) restored for its
+  // parameters. See Note [PowerSGD memories across layouts].
+  std::shared_ptr<BucketMemory>& memory_for(const GradBucket& bucket, bool batched);
+  // Hands the previous bucket's second half on (see Note [PowerSGD
+  // collective order]), then `current`'s if it is the iteration's last.
+  void chain(ProcessGroup& group, std::unique_ptr<InFlight> current, bool last);
   void finish(ProcessGroup& group, InFlight& bucket);
+  void finish_batched(ProcessGroup& group, InFlight& bucket);
   uint32_t next_seed();
 
   const PowerSGDOptions options_;
@@ -132,6 +179,8 @@ class PowerSGDState {
   // memory's tensors are written by its bucket's decompression, which the
   // next iteration's hook call follows (DDP waits for every bucket first).
   std::map<size_t, std::shared_ptr<BucketMemory>> memories_;
+  // Memories that load_state restored and no bucket has claimed yet.
+  std::vector<std::shared_ptr<BucketMemory>> restored_;
   // The bucket whose P allreduce is in flight and whose second half (Q)
   // the next hook call issues. See Note [PowerSGD collective order].
   std::unique_ptr<InFlight> in_flight_;
@@ -147,5 +196,15 @@ class PowerSGDState {
 /// process reproduces W ranks). The state must outlive the model's backward
 /// passes; the hook holds it.
 CommHook powerSGD(std::shared_ptr<PowerSGDState> state);
+
+/// PowerSGD on the whole bucket (PyTorch's `batched_powerSGD_hook`): the
+/// bucket's flat gradients, padded with zeros to the next square, are one
+/// matrix of side ceil(sqrt(numel)), compressed to rank
+/// min(matrix_approximation_rank, side); no `min_compression_rate`, no
+/// uncompressed tensors. Coarser than `powerSGD` (one approximation mixes
+/// every layer of the bucket) and faster; error feedback and warm start as
+/// there (the error keeps the padding's share, as PyTorch's does). Its
+/// state must not be shared with a `powerSGD` hook.
+CommHook batched_powerSGD(std::shared_ptr<PowerSGDState> state);
 
 } // namespace ddp::comm_hooks

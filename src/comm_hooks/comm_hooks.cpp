@@ -2,7 +2,36 @@
 
 #include <ATen/ATen.h>
 
+#include "internal/check.h"
+
 namespace ddp::comm_hooks {
+
+namespace {
+
+// The callable that with_state makes: std::function::target finds it by
+// its type, which is how register_comm_hook and the checkpoints see the
+// state of any hook made by with_state.
+struct StatefulHook {
+  std::shared_ptr<CommHookState> state;
+  CommHook hook;
+
+  std::shared_ptr<Work> operator()(ProcessGroup& group, GradBucket& bucket) const {
+    return hook(group, bucket);
+  }
+};
+
+} // namespace
+
+CommHook with_state(std::shared_ptr<CommHookState> state, CommHook hook) {
+  DDP_CHECK(state != nullptr, "comm_hooks::with_state: the state is null");
+  DDP_CHECK(hook != nullptr, "comm_hooks::with_state: the hook is empty");
+  return StatefulHook{std::move(state), std::move(hook)};
+}
+
+std::shared_ptr<CommHookState> state_of(const CommHook& hook) {
+  const auto* stateful = hook.target<StatefulHook>();
+  return stateful ? stateful->state : nullptr;
+}
 
 CommHook allreduce() {
   return [](ProcessGroup& group, GradBucket& bucket) -> std::shared_ptr<Work> {
