@@ -17,7 +17,9 @@ prints one line per group and exits 1 on any difference. The reference
 role (run by the driver):
   build/ddprun --nproc-per-node 4 /usr/bin/python3 tests/comm/pytorch_subgroups.py \
       --reference OUT_PREFIX
-writes OUT_PREFIX.group<g>.txt (and .initial.txt) on each group's rank 0.
+writes OUT_PREFIX.group<g>.txt (and .initial.txt) on each group's rank 0,
+and, where PyTorch's new_group takes use_local_synchronization (2.0 on),
+each rank's sums of subgroups_main's local-synchronization case.
 """
 
 import argparse
@@ -79,8 +81,34 @@ def reference(prefix):
         closed_form.write_state_text(perturbed(groups[g][0]),
                                      "%s.group%d.initial.txt" % (prefix, g))
     dist.barrier()
+    local_synchronization(dist, rank, prefix)
     dist.destroy_process_group()
     return 0
+
+
+def local_synchronization(dist, rank, prefix):
+    """subgroups_main's use_local_synchronization case: only the members
+    call new_group; each rank writes the sums of its groups' allreduces to
+    OUT_PREFIX.local_sync.rank<r>.txt. PyTorch 1.13 has no such option:
+    nothing is written, and the driver says so."""
+    import inspect
+    import torch
+    if "use_local_synchronization" not in inspect.signature(dist.new_group).parameters:
+        return
+
+    def sum_over(group):
+        t = torch.full((1,), float(rank))
+        dist.all_reduce(t, group=group)
+        return t.item()
+
+    sums = [sum_over(dist.new_group([0, 1] if rank < 2 else [3, 2], use_local_synchronization=True))]
+    if rank in (1, 2):
+        first = dist.new_group([1, 2], use_local_synchronization=True)
+        second = dist.new_group([2, 1], use_local_synchronization=True)
+        sums += [sum_over(second), sum_over(first)]
+    with open("%s.local_sync.rank%d.txt" % (prefix, rank), "w") as out:
+        out.write("".join("%g\n" % v for v in sums))
+    dist.barrier()
 
 
 def read_state(path):
@@ -119,6 +147,29 @@ def run(command, what):
         print("FAILED: %s exited with %d" % (what, result.returncode))
         return False
     return True
+
+
+def compare_local_synchronization(ours, theirs):
+    """1 if the two sides' use_local_synchronization sums differ."""
+    def sums(prefix, r):
+        with open("%s.local_sync.rank%d.txt" % (prefix, r)) as text:
+            return [float(v) for v in text.read().split()]
+    if not os.path.exists("%s.local_sync.rank0.txt" % theirs):
+        print("[ok] use_local_synchronization: this PyTorch's new_group has no such option "
+              "(1.13); compared with PyTorch >= 2.0 only")
+        return 0
+    try:
+        pairs = [(sums(ours, r), sums(theirs, r)) for r in range(WORLD)]
+    except OSError as e:
+        print("[FAILED] use_local_synchronization: %s" % e)
+        return 1
+    if any(a != b for a, b in pairs):
+        print("[FAILED] use_local_synchronization: sums per rank, ours %s, PyTorch %s"
+              % ([a for a, _ in pairs], [b for _, b in pairs]))
+        return 1
+    print("[ok] use_local_synchronization: the groups' allreduces agree on every rank %s"
+          % [a for a, _ in pairs])
+    return 0
 
 
 def driver(args):
@@ -164,6 +215,7 @@ def driver(args):
                   "training moved the weights by up to %.3g"
                   % (g, ", ".join(str(r) for r in range(g, WORLD, 2)), difference, where,
                      TOLERANCE, moved))
+    status = compare_local_synchronization(ours, theirs) or status
     print("subgroups parity with PyTorch: %s" % ("passed" if status == 0 else "FAILED"))
     return status
 

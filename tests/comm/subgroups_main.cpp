@@ -27,6 +27,7 @@
 #include <functional>
 #include <memory>
 #include <numeric>
+#include <fstream>
 #include <string>
 #include <thread>
 #include <vector>
@@ -461,19 +462,31 @@ void local_synchronization(Report& report) {
     group->allreduce(t)->wait();
     return t.item<double>();
   };
+  // The sums, which pytorch_subgroups.py compares with PyTorch's (>= 2.0)
+  // for the same calls.
+  std::vector<double> sums;
   auto half = ddp::new_group(me < 2 ? std::vector<int>{0, 1} : std::vector<int>{3, 2}, local);
   report.expect(ddp::is_member(half) && half->size() == 2, "not a member of its half");
-  report.expect(sum_over(half) == (me < 2 ? 1 : 5), "the half's allreduce");
+  sums.push_back(sum_over(half));
+  report.expect(sums.back() == (me < 2 ? 1 : 5), "the half's allreduce");
   if (me == 1 || me == 2) {
     auto first = ddp::new_group({1, 2}, local);
     auto second = ddp::new_group({2, 1}, local);
-    report.expect(sum_over(second) == 3 && sum_over(first) == 3, "the middle groups' allreduces");
+    sums.push_back(sum_over(second));
+    sums.push_back(sum_over(first));
+    report.expect(sums[1] == 3 && sums[2] == 3, "the middle groups' allreduces");
     report.expect(ddp::group_ranks(first) == std::vector<int>{1, 2}, "the middle group's ranks");
   } else {
     auto outside = ddp::new_group({1, 2}, local); // returns at once
     report.expect(!ddp::is_member(outside), "a non-member got a member's group");
     expect_throws<c10::Error>(report, [&] { outside->barrier(); }, "this rank is not a member of group local",
                               "non-member barrier");
+  }
+  if (!out_prefix.empty()) {
+    std::ofstream out(out_prefix + ".local_sync.rank" + std::to_string(me) + ".txt");
+    for (double sum : sums) {
+      out << sum << "\n";
+    }
   }
   world->barrier()->wait();
   report.end_case();
