@@ -324,9 +324,10 @@ std::string PowerSGDState::kind() const {
 }
 
 std::string PowerSGDState::save_state() const {
-  DDP_CHECK(in_flight_ == nullptr,
-            "PowerSGDState::save_state: a bucket is between its two allreduces; save between "
-            "iterations");
+  // A bucket left between its two allreduces by a backward that threw is
+  // abandoned (the next hook call fails its Work): its memory is as the
+  // last completed iteration left it, which is what is saved. Throwing here
+  // instead would fail save_checkpoint's gather on this rank alone.
   c10::impl::GenericDict state(c10::StringType::get(), c10::AnyType::get());
   state.insert("format", kStateFormat);
   state.insert("options", options_dict(options_));
@@ -359,7 +360,6 @@ std::string PowerSGDState::save_state() const {
 void PowerSGDState::load_state(const std::vector<std::string>& saved, int rank, int world_size) {
   const Reader r{c10::str("[rank ", rank, "/", world_size, "] PowerSGDState::load_state")};
   DDP_CHECK(!saved.empty(), r.who, ": the checkpoint holds no rank's state");
-  DDP_CHECK(in_flight_ == nullptr, r.who, ": a bucket is between its two allreduces; load between iterations");
   const bool same_world = static_cast<int>(saved.size()) == world_size;
   const int source = same_world ? rank : 0;
   const std::string& bytes = saved[static_cast<size_t>(source)];
@@ -436,7 +436,14 @@ void PowerSGDState::load_state(const std::vector<std::string>& saved, int rank, 
         "compressions start with none)"));
   }
 
-  // Everything read: now replace.
+  // Everything read: now replace. A bucket that a failed backward left
+  // between its allreduces belongs to the state being replaced.
+  if (in_flight_) {
+    in_flight_->result->set_error(std::make_exception_ptr(
+        c10::Error({__func__, __FILE__, static_cast<uint32_t>(__LINE__)},
+                   c10::str(in_flight_->result->name(), ": abandoned, the state was loaded from a checkpoint"))));
+    in_flight_.reset();
+  }
   iteration_ = iteration;
   seed_rng_ = rng;
   bytes_allreduced_ = static_cast<uint64_t>(counters[0]);

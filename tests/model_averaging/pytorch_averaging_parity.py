@@ -1,5 +1,5 @@
 """Parity of PeriodicModelAverager and HierarchicalModelAverager with
-PyTorch's (Gloo, on the CPU): the same schedules on 2 and 4 ranks, in
+PyTorch's (Gloo, on the CPU): the same schedules on 2, 3 and 4 ranks, in
 averaging_main --dump (ddp) and in this file's reference role (PyTorch);
 every rank's parameters after each call must be equal (tolerance 1e-12: one
 allreduce of the same values). Fails (does not skip) without torch.
@@ -76,7 +76,7 @@ def main():
             print("PyTorch < 2 runs no HierarchicalModelAverager on the CPU (its new_subgroups needs CUDA): "
                   "compared with PyTorch 2.x only")
 
-    return shared.driver(args, os.path.abspath(__file__), "averaging_pytorch_parity", (2, 4),
+    return shared.driver(args, os.path.abspath(__file__), "averaging_pytorch_parity", (2, 3, 4),
                          "PeriodicModelAverager (and, with PyTorch 2.x, HierarchicalModelAverager), every step,",
                          prepare)
 
