@@ -282,15 +282,30 @@ void write_checkpoint(const DistributedDataParallel& model, torch::optim::Optimi
 }
 
 // Every rank's hook state, on rank 0 (a collective of the model's group:
-// the sizes, then the bytes padded to the largest). Empty elsewhere.
+// the sizes, then the bytes padded to the largest). Empty elsewhere. A rank
+// whose save_state throws sends size -1, so that every rank fails alike,
+// naming it, instead of the others waiting for its bytes.
 std::vector<std::string> gather_hook_states(ProcessGroup& group, const CommHookState& state,
-                                            const c10::Device& device) {
-  const std::string mine = state.save_state();
+                                            const c10::Device& device, const std::string& prefix) {
+  std::string mine;
+  std::string error;
+  try {
+    mine = state.save_state();
+  } catch (const c10::Error& e) {
+    error = e.what_without_backtrace();
+  } catch (const std::exception& e) {
+    error = e.what();
+  }
   const int world = group.size();
   const auto longs = at::TensorOptions(at::kLong).device(device);
   auto sizes = at::empty({world}, longs);
-  group.allgather_into_tensor(sizes, at::full({1}, static_cast<int64_t>(mine.size()), longs))->wait();
+  group.allgather_into_tensor(sizes, at::full({1}, error.empty() ? static_cast<int64_t>(mine.size()) : -1, longs))
+      ->wait();
   const auto host_sizes = sizes.cpu();
+  for (int r = 0; r < world; ++r) {
+    DDP_CHECK(host_sizes[r].item<int64_t>() >= 0, prefix, ": rank ", r, " could not save its ", state.kind(),
+              " hook state", error.empty() ? std::string(" (see its error)") : ": " + error);
+  }
   const int64_t largest = host_sizes.max().item<int64_t>();
   auto input = at::zeros({largest}, at::kByte);
   std::memcpy(input.data_ptr(), mine.data(), mine.size());
@@ -327,7 +342,7 @@ void save(const DistributedDataParallel& model, torch::optim::Optimizer* optimiz
   }
   std::optional<HookStates> hook_states;
   if (const auto state = model->comm_hook_state()) {
-    hook_states = HookStates{state->kind(), gather_hook_states(group, *state, model->device())};
+    hook_states = HookStates{state->kind(), gather_hook_states(group, *state, model->device(), prefix)};
   }
   std::string error;
   if (group.rank() == 0) {

@@ -5,7 +5,8 @@
 // batched) and post-local SGD. A resumed run whose hook restarts from a
 // fresh state (registered after load_checkpoint) must not, or the test
 // could not tell. Also: refusals (other options, another hook's state, a
-// damaged state) and a state from a run of another size.
+// damaged state, a rank that cannot save its state) and a state from a
+// run of another size.
 //
 // Usage: build/ddprun --nproc-per-node 2 build/tests/ddp_hook_resume_main DIR
 // (DIR: where the checkpoints go). Prints one line per case and a summary.
@@ -159,6 +160,25 @@ void refusals(Report& report, const std::string& dir) {
   ddp_test::expect_error(report, [&] { fresh.load_state({flipped}, 0, 1); }, "is damaged");
   ddp_test::expect_error(report, [&] { fresh.load_state({}, 0, 1); }, "holds no rank's state");
   report.expect(fresh.iteration() == 0, "a refused load_state changed the state");
+
+  // A rank that cannot save its hook state: every rank fails, naming it.
+  struct FailingOnRank1 : ddp::CommHookState {
+    int rank;
+    explicit FailingOnRank1(int r) : rank(r) {}
+    std::string kind() const override {
+      return "failing";
+    }
+    std::string save_state() const override {
+      TORCH_CHECK(rank != 1, "this state cannot be saved");
+      return "saved";
+    }
+    void load_state(const std::vector<std::string>&, int, int) override {}
+  };
+  Run failing = make_run([] { return Hook{}; });
+  failing.model->register_comm_hook(ddp::comm_hooks::with_state(
+      std::make_shared<FailingOnRank1>(failing.model->process_group()->rank()), ddp::comm_hooks::allreduce()));
+  ddp_test::expect_error(report, [&] { ddp::save_checkpoint(failing.model, dir + "/hook_resume_failing.pt"); },
+                         "save_checkpoint: rank 1 could not save its failing hook state");
 
   // A run of another size: every rank takes rank 0's state (no error feedback).
   const auto* mine = dynamic_cast<PowerSGDState*>(saved.hook.state.get());
