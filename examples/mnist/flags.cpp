@@ -158,6 +158,10 @@ Flags parse_flags(int argc, char** argv) {
     throw FlagError("--stop-after-epoch needs --checkpoint-dir (stopping without a checkpoint "
                     "would lose the epochs trained)");
   }
+  if (flags.comm_hook == "localsgd" && flags.optimizer_sharding != "none") {
+    throw FlagError("--comm-hook localsgd lets each rank's parameters diverge between averagings, which sharded "
+                    "optimizer state cannot follow: it takes no --optimizer-sharding");
+  }
   if (!flags.fsdp.empty() && (flags.optimizer_sharding != "none" || flags.comm_hook != "allreduce")) {
     throw FlagError("--fsdp shards the optimizer state and reduce-scatters the gradients itself: it "
                     "takes neither --optimizer-sharding nor --comm-hook");

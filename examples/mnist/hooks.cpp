@@ -26,7 +26,7 @@ CommHooks::CommHooks(const Flags& flags, ddp::DistributedDataParallel& model)
     local_sgd_ = std::make_shared<ddp::comm_hooks::PostLocalSGDState>(nullptr, subgroup,
                                                                       flags.local_sgd_start_iter);
     model->register_comm_hook(ddp::comm_hooks::post_localSGD(local_sgd_));
-    averager_ = std::make_unique<ddp::model_averaging::PeriodicModelAverager>(flags.local_sgd_period,
+    averager_ = std::make_shared<ddp::model_averaging::PeriodicModelAverager>(flags.local_sgd_period,
                                                                               flags.local_sgd_start_iter);
   } else if (flags.comm_hook == "fp16") {
     model->register_comm_hook(ddp::comm_hooks::fp16_compress());
@@ -35,27 +35,17 @@ CommHooks::CommHooks(const Flags& flags, ddp::DistributedDataParallel& model)
   }
 }
 
-void CommHooks::after_step(const std::vector<torch::Tensor>& parameters) {
+std::unique_ptr<torch::optim::Optimizer> CommHooks::wrap_optimizer(std::unique_ptr<torch::optim::Optimizer> sgd) {
   if (!averager_) {
-    return;
+    return sgd;
   }
-  const int64_t step = averager_->step();
-  if (step >= flags_.local_sgd_start_iter && (step - flags_.local_sgd_start_iter) % flags_.local_sgd_period == 0) {
-    ++averagings_;
-  }
-  averager_->average_parameters(parameters);
+  return std::make_unique<ddp::optim::PostLocalSGDOptimizer>(std::move(sgd), averager_);
 }
 
 void CommHooks::end_of_epoch(const std::vector<torch::Tensor>& parameters) {
   if (averager_) {
     ddp::model_averaging::average_parameters(parameters);
-    ++averagings_;
-  }
-}
-
-void CommHooks::resumed_after(int64_t steps) {
-  if (averager_) {
-    averager_->set_step(steps);
+    ++epoch_averagings_;
   }
 }
 
@@ -80,8 +70,12 @@ void CommHooks::report(const torch::nn::Module& module) const {
     // Over every rank: the gradients of the global steps, then one
     // parameter average per period. Within the groups: the gradients.
     const int64_t steps = averager_->step();
+    const int64_t warmup = flags_.local_sgd_start_iter;
+    // The averager averages at steps warmup, warmup + period, ... below `steps`.
+    const int64_t averagings =
+        (steps > warmup ? (steps - warmup - 1) / flags_.local_sgd_period + 1 : 0) + epoch_averagings_;
     const int64_t global_steps = local_sgd_->iteration();
-    const int64_t across = global_steps * plain + averagings_ * plain;
+    const int64_t across = global_steps * plain + averagings * plain;
     const auto group = local_sgd_->subgroup();
     std::printf("localsgd: %lld bytes averaged over all %d ranks in %lld steps (%.0f per step; the default "
                 "hook: %lld per step, %.0f%% saved), %lld global steps then every %lld steps; gradients "

@@ -20,14 +20,14 @@ class CommHooks {
   /// checkpoint is loaded, so that a resumed run gets the hook's state too).
   CommHooks(const Flags& flags, ddp::DistributedDataParallel& model);
 
-  /// After each optimizer step: local SGD's model averaging.
-  void after_step(const std::vector<torch::Tensor>& parameters);
+  /// The optimizer to train with: `sgd` itself, or under local SGD a
+  /// ddp::optim::PostLocalSGDOptimizer that steps it and then averages
+  /// (its checkpoints carry the averager's step).
+  std::unique_ptr<torch::optim::Optimizer> wrap_optimizer(std::unique_ptr<torch::optim::Optimizer> sgd);
   /// At the end of an epoch, before evaluating and saving: local SGD
   /// averages the parameters over every rank, so that the evaluated and
   /// saved model is one model (between averagings each rank has its own).
   void end_of_epoch(const std::vector<torch::Tensor>& parameters);
-  /// Resuming after `steps` optimizer steps: the averager's count.
-  void resumed_after(int64_t steps);
   /// Rank 0's closing line: the bytes the hook sent against the default's.
   void report(const torch::nn::Module& module) const;
 
@@ -35,9 +35,9 @@ class CommHooks {
   const Flags& flags_;
   std::shared_ptr<ddp::comm_hooks::PowerSGDState> powersgd_;
   std::shared_ptr<ddp::comm_hooks::PostLocalSGDState> local_sgd_;
-  std::unique_ptr<ddp::model_averaging::PeriodicModelAverager> averager_;
+  std::shared_ptr<ddp::model_averaging::PeriodicModelAverager> averager_;
   int world_size_ = 1;
-  int64_t averagings_ = 0;
+  int64_t epoch_averagings_ = 0; // end_of_epoch's, besides the averager's
 };
 
 } // namespace mnist

@@ -522,6 +522,9 @@ int train(const Flags& flags, const ddp::WorldInfo& world, torch::Device device,
     // Under --fsdp, wrapper->parameters() are this rank's shards.
     sgd = std::make_unique<torch::optim::SGD>(wrapper->parameters(), sgd_options);
   }
+  if (hooks) {
+    sgd = hooks->wrap_optimizer(std::move(sgd)); // local SGD: steps, then averages
+  }
   torch::optim::Optimizer& optimizer = *sgd;
 
   // Each rank's share, reshuffled every epoch from seed + epoch. The data
@@ -570,7 +573,6 @@ int train(const Flags& flags, const ddp::WorldInfo& world, torch::Device device,
     const std::string path = checkpoint_path(flags.checkpoint_dir, completed_epochs);
     if (!fsdp) {
       ddp::load_checkpoint(*model, optimizer, path);
-      hooks->resumed_after(completed_epochs * steps); // the averager's count
     } else if (ddp::sharded_checkpoint_world_size(path) == group->size()) {
       ddp::load_sharded_checkpoint(*fsdp, optimizer, path); // each rank its own file
     } else {
@@ -608,9 +610,6 @@ int train(const Flags& flags, const ddp::WorldInfo& world, torch::Device device,
         // nothing when the timeline is off.
         ddp::TimelineScope traced("optimizer step", "optimizer");
         optimizer.step();
-      }
-      if (hooks) {
-        hooks->after_step(wrapper->parameters()); // local SGD's averaging
       }
 
       const int64_t n = x.size(0);

@@ -32,6 +32,7 @@
 #include <ddp/nn/powersgd_hook.h>
 #include <ddp/nn/sharded_checkpoint.h>
 #include <ddp/nn/sync_batch_norm.h>
+#include <ddp/optim/post_local_sgd_optimizer.h>
 #include <ddp/optim/zero_redundancy_optimizer.h>
 #include <ddp/algorithms/model_averaging.h>
 #include <ddp/timeline.h>

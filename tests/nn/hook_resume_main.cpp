@@ -2,10 +2,12 @@
 // kStop steps (save_checkpoint with the optimizer) and resumed in new
 // objects (load_checkpoint) must end exactly where the uninterrupted run
 // ends, for PowerSGD (layer-wise, with batch_tensors_with_same_shape, and
-// batched) and post-local SGD. A resumed run whose hook restarts from a
+// batched) and post-local SGD (with the averager called by the program, and
+// in a PostLocalSGDOptimizer). A resumed run whose hook restarts from a
 // fresh state (registered after load_checkpoint) must not, or the test
 // could not tell. Also: refusals (other options, another hook's state, a
-// damaged state, a rank that cannot save its state) and a state from a
+// damaged state, a rank that cannot save its state; PostLocalSGDOptimizer's
+// null and ZeRO arguments, a plain optimizer's file) and a state from a
 // run of another size.
 //
 // Usage: build/ddprun --nproc-per-node 2 build/tests/ddp_hook_resume_main DIR
@@ -17,6 +19,7 @@
 #include <exception>
 #include <functional>
 #include <memory>
+#include <sstream>
 #include <string>
 
 #include <ddp/ddp.h>
@@ -43,13 +46,15 @@ struct Hook {
   // SGD's momentum. Local SGD takes none here: between averagings each
   // rank's momentum is its own, and a checkpoint keeps rank 0's.
   double momentum = 0.9;
+  // Wraps the SGD optimizer (PostLocalSGDOptimizer), when set.
+  std::function<std::unique_ptr<torch::optim::Optimizer>(std::unique_ptr<torch::optim::Optimizer>)> wrap;
 };
 using MakeHook = std::function<Hook()>;
 
 struct Run {
   torch::nn::Sequential net;
   ddp::DistributedDataParallel model;
-  std::unique_ptr<torch::optim::SGD> optimizer;
+  std::unique_ptr<torch::optim::Optimizer> optimizer;
   Hook hook;
 };
 
@@ -57,8 +62,11 @@ Run make_run(const MakeHook& make_hook) {
   auto net = ddp_test::make_closed_form_mlp();
   ddp::DistributedDataParallel model(net);
   Hook hook = make_hook();
-  auto optimizer = std::make_unique<torch::optim::SGD>(
+  std::unique_ptr<torch::optim::Optimizer> optimizer = std::make_unique<torch::optim::SGD>(
       model->parameters(), torch::optim::SGDOptions(0.1).momentum(hook.momentum));
+  if (hook.wrap) {
+    optimizer = hook.wrap(std::move(optimizer));
+  }
   return Run{net, model, std::move(optimizer), std::move(hook)};
 }
 
@@ -180,6 +188,41 @@ void refusals(Report& report, const std::string& dir) {
   ddp_test::expect_error(report, [&] { ddp::save_checkpoint(failing.model, dir + "/hook_resume_failing.pt"); },
                          "save_checkpoint: rank 1 could not save its failing hook state");
 
+  // PostLocalSGDOptimizer: what it refuses, and a plain optimizer's file.
+  {
+    auto averager = std::make_shared<ddp::model_averaging::PeriodicModelAverager>(2, 2);
+    auto sgd = [&] {
+      return std::make_unique<torch::optim::SGD>(saved.model->parameters(), torch::optim::SGDOptions(0.1));
+    };
+    ddp_test::expect_error(report, [&] { ddp::optim::PostLocalSGDOptimizer(nullptr, averager); },
+                           "PostLocalSGDOptimizer: the optimizer is null");
+    ddp_test::expect_error(
+        report,
+        [&] { ddp::optim::PostLocalSGDOptimizer(sgd(), std::shared_ptr<ddp::model_averaging::PeriodicModelAverager>()); },
+        "PostLocalSGDOptimizer: the averager is null");
+    ddp_test::expect_error(
+        report,
+        [&] {
+          ddp::optim::PostLocalSGDOptimizer(
+              std::make_unique<ddp::optim::ZeroRedundancyOptimizer<torch::optim::SGD>>(saved.model->parameters(),
+                                                                                      torch::optim::SGDOptions(0.1)),
+              averager);
+        },
+        "the optimizer is a ZeroRedundancyOptimizer");
+    ddp::optim::PostLocalSGDOptimizer wrapped(sgd(), averager);
+    averager->set_step(5);
+    torch::serialize::OutputArchive plain_archive;
+    sgd()->save(plain_archive);
+    std::ostringstream bytes;
+    plain_archive.save_to(bytes);
+    std::istringstream in(bytes.str());
+    torch::serialize::InputArchive archive;
+    archive.load_from(in);
+    wrapped.load(archive);
+    report.expect(wrapped.averager_step() == 0, "a plain optimizer's file left the averager at step " +
+                                                    std::to_string(wrapped.averager_step()) + ", expected 0");
+  }
+
   // A run of another size: every rank takes rank 0's state (no error feedback).
   const auto* mine = dynamic_cast<PowerSGDState*>(saved.hook.state.get());
   fresh.load_state({good, good, good, good, good}, 0, 1);
@@ -217,6 +260,18 @@ int main(int argc, char** argv) {
       auto state = std::make_shared<ddp::comm_hooks::PostLocalSGDState>(nullptr, self, 2);
       return Hook{state, ddp::comm_hooks::post_localSGD(state),
                   std::make_shared<ddp::model_averaging::PeriodicModelAverager>(2, 2), /*momentum=*/0.0};
+    }, dir);
+    resume_case(report, "post_localSGD_optimizer", [&] {
+      // The same with PyTorch's PostLocalSGDOptimizer: the averager's step
+      // travels in the optimizer's state, with nothing kept by the program.
+      auto self = ddp::new_subgroups(1).mine;
+      auto state = std::make_shared<ddp::comm_hooks::PostLocalSGDState>(nullptr, self, 2);
+      Hook hook{state, ddp::comm_hooks::post_localSGD(state), nullptr, /*momentum=*/0.0};
+      hook.wrap = [](std::unique_ptr<torch::optim::Optimizer> sgd) -> std::unique_ptr<torch::optim::Optimizer> {
+        return std::make_unique<ddp::optim::PostLocalSGDOptimizer>(
+            std::move(sgd), std::make_shared<ddp::model_averaging::PeriodicModelAverager>(2, 2));
+      };
+      return hook;
     }, dir);
     refusals(report, dir);
     const int status = report.finish();

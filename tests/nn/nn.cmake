@@ -78,12 +78,12 @@ ddp_add_alone_test(ddp_powersgd_alone COMMAND ddp_powersgd_main CASES 7 TIMEOUT 
 # checkpoint: resumed == uninterrupted, on 2 and 3 ranks and on MPI; the
 # refusals of a state that does not fit.
 ddp_add_nn_program(ddp_hook_resume_main nn/hook_resume_main.cpp)
-ddp_add_launched_test(ddp_hook_resume_2_ranks NPROC 2 COMMAND ddp_hook_resume_main CASES 6
+ddp_add_launched_test(ddp_hook_resume_2_ranks NPROC 2 COMMAND ddp_hook_resume_main CASES 7
   ARGS ${CMAKE_CURRENT_BINARY_DIR} TIMEOUT 90)
-ddp_add_launched_test(ddp_hook_resume_3_ranks NPROC 3 COMMAND ddp_hook_resume_main CASES 6
+ddp_add_launched_test(ddp_hook_resume_3_ranks NPROC 3 COMMAND ddp_hook_resume_main CASES 7
   ARGS ${CMAKE_CURRENT_BINARY_DIR} TIMEOUT 90)
 if(DDP_HAVE_MPI)
-  ddp_add_mpi_test(ddp_hook_resume_mpi_2_ranks NP 2 COMMAND ddp_hook_resume_main CASES 6
+  ddp_add_mpi_test(ddp_hook_resume_mpi_2_ranks NP 2 COMMAND ddp_hook_resume_main CASES 7
     ARGS ${CMAKE_CURRENT_BINARY_DIR} TIMEOUT 90)
 endif()
 # Errors on every rank, no hang: models that differ across ranks, a

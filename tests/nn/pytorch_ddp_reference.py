@@ -651,18 +651,35 @@ def batched_powersgd(path):
         powerSGD_hook._orthogonalize = batch_only
 
 
+def post_local_sgd_state():
+    """A PostLocalSGDState from step 2 with local groups of one rank."""
+    from torch.distributed.algorithms.ddp_comm_hooks import post_localSGD_hook
+    # new_subgroups(group_size=1), which PyTorch 1.13 refuses without CUDA.
+    groups = [dist.new_group([r]) for r in range(dist.get_world_size())]
+    return post_localSGD_hook.PostLocalSGDState(process_group=None, subgroup=groups[dist.get_rank()],
+                                                start_localSGD_iter=2)
+
+
 def post_local_sgd(path):
     """post_localSGD_hook from step 2 with local groups of one rank, and a
     PeriodicModelAverager(period 2, warmup 2) after each step."""
     from torch.distributed.algorithms.ddp_comm_hooks import post_localSGD_hook
     from torch.distributed.algorithms.model_averaging import averagers
-    # new_subgroups(group_size=1), which PyTorch 1.13 refuses without CUDA.
-    groups = [dist.new_group([r]) for r in range(dist.get_world_size())]
-    subgroup = groups[dist.get_rank()]
-    state = post_localSGD_hook.PostLocalSGDState(process_group=None, subgroup=subgroup,
-                                                 start_localSGD_iter=2)
-    train_hooked(state, post_localSGD_hook.post_localSGD_hook, path,
+    train_hooked(post_local_sgd_state(), post_localSGD_hook.post_localSGD_hook, path,
                  averagers.PeriodicModelAverager(period=2, warmup_steps=2))
+
+
+def post_local_sgd_optimizer(path):
+    """The same through torch.distributed.optim.PostLocalSGDOptimizer."""
+    from torch.distributed.algorithms.ddp_comm_hooks import post_localSGD_hook
+    from torch.distributed.algorithms.model_averaging import averagers
+    from torch.distributed.optim import PostLocalSGDOptimizer
+
+    def make_optimizer(model):
+        return PostLocalSGDOptimizer(optim=sgd(model),
+                                     averager=averagers.PeriodicModelAverager(period=2, warmup_steps=2))
+    train_and_write(make_mlp(), {}, path, make_optimizer,
+                    hook=(post_local_sgd_state(), post_localSGD_hook.post_localSGD_hook))
 
 
 def zero(path, optimizer_class, params_of, bucket_view, **defaults):
@@ -694,6 +711,7 @@ def main():
     powersgd_same_shape(prefix + ".powersgd_same_shape.txt")
     batched_powersgd(prefix + ".batched_powersgd.txt")
     post_local_sgd(prefix + ".post_local_sgd.txt")
+    post_local_sgd_optimizer(prefix + ".post_local_sgd_optimizer.txt")
     train_and_write(BranchNet(),
                     {"find_unused_parameters": True, "gradient_as_bucket_view": True},
                     prefix + ".branch.txt")

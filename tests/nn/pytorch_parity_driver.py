@@ -39,6 +39,7 @@ TRAINED = (
     "powersgd_same_shape",  # rank 1, batch_tensors_with_same_shape (two 16 x 16 weights)
     "batched_powersgd",     # batched_powerSGD_hook: the bucket as one padded square
     "post_local_sgd",       # post_localSGD_hook from step 2 + PeriodicModelAverager
+    "post_local_sgd_optimizer",  # the same through PostLocalSGDOptimizer
     "branch",           # a layer that forward never uses (find_unused_parameters)
     "unused_output",    # an output that the loss does not use (find_unused_parameters)
     "no_sync_buffers",  # BatchNorm statistics after no_sync: no broadcast after it

@@ -16,7 +16,8 @@
 //
 // The configurations (each function below says what it checks), in the
 // reference's order: mlp, powersgd_rank1, powersgd_rank2,
-// powersgd_same_shape, batched_powersgd, post_local_sgd, branch,
+// powersgd_same_shape, batched_powersgd, post_local_sgd,
+// post_local_sgd_optimizer, branch,
 // unused_output, no_sync_buffers, join_buffers, join_unused, no_parameters,
 // frozen, two_forwards, embedding, embedding_bag, sync_batch_norm,
 // sync_batch_norm_uneven, static_twice, static_unused, static_join,
@@ -431,6 +432,26 @@ bool powersgd(int64_t matrix_rank, const std::string& path) {
   return powersgd(ddp::comm_hooks::PowerSGDOptions().matrix_approximation_rank(matrix_rank), false, path);
 }
 
+// post_local_sgd_optimizer: the same through PostLocalSGDOptimizer (the
+// optimizer steps, then averages).
+bool post_local_sgd_optimizer(const std::string& path) {
+  auto net = ddp_test::make_mlp();
+  ddp_test::init_closed_form(*net);
+  ddp::DistributedDataParallel model(net);
+  auto state = std::make_shared<ddp::comm_hooks::PostLocalSGDState>(nullptr, ddp::new_subgroups(1).mine, 2);
+  model->register_comm_hook(ddp::comm_hooks::post_localSGD(state));
+  ddp::optim::PostLocalSGDOptimizer optimizer(
+      std::make_unique<torch::optim::SGD>(model->parameters(), torch::optim::SGDOptions(0.2).momentum(0.5)),
+      std::make_shared<ddp::model_averaging::PeriodicModelAverager>(2, 2));
+  for (int step = 0; step < kSteps; ++step) {
+    auto [x, y] = ddp_test::rank_batch(step, rank(), world_size());
+    optimizer.zero_grad();
+    torch::mse_loss(model(x), y).backward();
+    optimizer.step();
+  }
+  return write_result(*net, path);
+}
+
 bool post_local_sgd(const std::string& path) {
   auto state = std::make_shared<ddp::comm_hooks::PostLocalSGDState>(nullptr, ddp::new_subgroups(1).mine, 2);
   return train_hooked(ddp::comm_hooks::post_localSGD(state), path,
@@ -505,6 +526,7 @@ int main(int argc, char** argv) {
       {"batched_powersgd",
        [](const std::string& path) { return powersgd(ddp::comm_hooks::PowerSGDOptions(), true, path); }},
       {"post_local_sgd", post_local_sgd},
+      {"post_local_sgd_optimizer", post_local_sgd_optimizer},
       {"branch",
        [](const std::string& path) {
          return train_and_write(ddp_test::BranchNet(),
