@@ -136,6 +136,21 @@ bool write_result(const torch::nn::Module& net, const std::string& path, int wri
   return true;
 }
 
+// kSteps steps of the MLP's loss on this rank's batches; `after_step`, when
+// given, runs after each optimizer step.
+void train_steps(ddp::DistributedDataParallel& model, torch::optim::Optimizer& optimizer,
+                 const std::function<void()>& after_step = nullptr) {
+  for (int step = 0; step < kSteps; ++step) {
+    auto [x, y] = ddp_test::rank_batch(step, rank(), world_size());
+    optimizer.zero_grad();
+    torch::mse_loss(model(x), y).backward();
+    optimizer.step();
+    if (after_step) {
+      after_step();
+    }
+  }
+}
+
 // mlp, branch: plain training, zero_grad() as each LibTorch does it (the
 // reference's zero_grad() does the same in the matching PyTorch).
 template <typename Net>
@@ -144,12 +159,7 @@ bool train_and_write(Net net, const ddp::DistributedDataParallelOptions& options
   ddp_test::init_closed_form(*net);
   ddp::DistributedDataParallel model(net, options);
   auto optimizer = make_sgd(model);
-  for (int step = 0; step < kSteps; ++step) {
-    auto [x, y] = ddp_test::rank_batch(step, rank(), world_size());
-    optimizer.zero_grad();
-    torch::mse_loss(model(x), y).backward();
-    optimizer.step();
-  }
+  train_steps(model, optimizer);
   return write_result(*net, path);
 }
 
@@ -411,15 +421,11 @@ bool train_hooked(ddp::CommHook hook, const std::string& path,
   ddp::DistributedDataParallel model(net);
   model->register_comm_hook(std::move(hook));
   auto optimizer = make_sgd(model);
-  for (int step = 0; step < kSteps; ++step) {
-    auto [x, y] = ddp_test::rank_batch(step, rank(), world_size());
-    optimizer.zero_grad();
-    torch::mse_loss(model(x), y).backward();
-    optimizer.step();
+  train_steps(model, optimizer, [&] {
     if (averager) {
       averager->average_parameters(model->parameters());
     }
-  }
+  });
   return write_result(*net, path);
 }
 
@@ -443,12 +449,7 @@ bool post_local_sgd_optimizer(const std::string& path) {
   ddp::optim::PostLocalSGDOptimizer optimizer(
       std::make_unique<torch::optim::SGD>(model->parameters(), torch::optim::SGDOptions(0.2).momentum(0.5)),
       std::make_shared<ddp::model_averaging::PeriodicModelAverager>(2, 2));
-  for (int step = 0; step < kSteps; ++step) {
-    auto [x, y] = ddp_test::rank_batch(step, rank(), world_size());
-    optimizer.zero_grad();
-    torch::mse_loss(model(x), y).backward();
-    optimizer.step();
-  }
+  train_steps(model, optimizer);
   return write_result(*net, path);
 }
 
