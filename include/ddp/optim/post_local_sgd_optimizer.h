@@ -60,14 +60,16 @@ class PostLocalSGDOptimizer : public torch::optim::Optimizer {
   int64_t averager_step() const;
 
  private:
-  PostLocalSGDOptimizer(std::unique_ptr<torch::optim::Optimizer> optimizer,
-                        std::function<void(const std::vector<at::Tensor>&)> average,
-                        std::function<int64_t()> get_step, std::function<void(int64_t)> set_step);
+  // Either averager, through the three calls this optimizer makes of it.
+  struct Averager {
+    std::function<void(const std::vector<at::Tensor>&)> average;
+    std::function<int64_t()> step;
+    std::function<void(int64_t)> set_step;
+  };
+  PostLocalSGDOptimizer(std::unique_ptr<torch::optim::Optimizer> optimizer, Averager averager);
 
   std::unique_ptr<torch::optim::Optimizer> optimizer_;
-  std::function<void(const std::vector<at::Tensor>&)> average_;
-  std::function<int64_t()> get_step_;
-  std::function<void(int64_t)> set_step_;
+  Averager averager_;
 };
 
 } // namespace ddp::optim
