@@ -1,9 +1,10 @@
 #pragma once
 
-// What the sharding benchmarks (zero_bench, fsdp_bench) share: the MLP,
-// counting parameters and optimizer state, the peak resident set, and the
-// per-step times of the slowest rank.
+// What the sharding benchmarks (zero_bench, fsdp_bench) share: the group and
+// device a rank runs on, the MLP, counting parameters and optimizer state,
+// the peak resident set, and the per-step times of the slowest rank.
 
+#include <torch/cuda.h>
 #include <torch/torch.h>
 
 #include <sys/resource.h>
@@ -27,6 +28,39 @@ inline bool parse_count(const std::string& text, int64_t minimum, int64_t& value
   }
   value = parsed;
   return true;
+}
+
+/// The options of init_process_group() for `--backend NAME` ("gloo", "nccl",
+/// "mpi"; empty: init_process_group()'s own choice).
+inline ddp::InitOptions init_options_for(const std::string& backend) {
+  auto options = ddp::InitOptions();
+  if (backend == "gloo") {
+    options.backend(ddp::Backend::kGloo);
+  } else if (backend == "nccl") {
+    options.backend(ddp::Backend::kNccl);
+  } else if (backend == "mpi") {
+    options.backend(ddp::Backend::kMpi);
+  }
+  return options;
+}
+
+/// The device of this rank for `--device NAME`: the CPU, or for "cuda"
+/// cuda:LOCAL_RANK modulo the GPUs. Throws when there is no GPU.
+inline torch::Device rank_device(const std::string& device) {
+  if (device != "cuda") {
+    return torch::kCPU;
+  }
+  TORCH_CHECK(torch::cuda::is_available(), "--device cuda, but no CUDA device is visible");
+  const auto info = ddp::world_info_from_env();
+  return torch::Device(torch::kCUDA,
+                       static_cast<c10::DeviceIndex>(info.local_rank % static_cast<int>(torch::cuda::device_count())));
+}
+
+/// Waits for the GPU's queued work when `device` is a GPU.
+inline void synchronize(const torch::Device& device) {
+  if (device.is_cuda()) {
+    torch::cuda::synchronize(device.index());
+  }
 }
 
 /// `layers` x Linear(width, width), a ReLU between them.

@@ -7,6 +7,8 @@
 //       [--iters N] [--warmup N] [--rounds R]
 //   build/ddprun --nproc-per-node 2 --no-prefix build/bench/fsdp_bench --mode memory
 //       --variant ddp|fsdp-full|fsdp-grad-op [--width N] [--layers L]
+//   build/ddprun --nproc-per-node 2 --no-prefix build/bench/fsdp_bench --mode speed
+//       --device cuda --backend gloo|nccl [--batch N]
 //   DDP_BACKEND=mpi mpirun -np 2 build/bench/fsdp_bench [...]
 //
 // speed: the 25M-parameter MLP of ddp_step_bench (4 x Linear(2500, 2500),
@@ -21,6 +23,13 @@
 // rank's step times. Rank 0 prints one line per variant
 //   fsdp_bench mode=speed backend=gloo world=2 variant=fsdp-full params=25010000 median_ms=... ratio=1.12 rounds_ms=...
 // (ratio: to ddp's median in the same launch).
+//
+// --device cuda (speed): each rank's model and batch on cuda:LOCAL_RANK
+// (modulo the GPUs), the device synchronised around each timed step, batch
+// 512 by default; bench/gpu/fsdp_step_bench.py is PyTorch's FSDP on the
+// same model and methodology (docs/gpu.md). --backend picks the group
+// (gloo: ranks may share a GPU; nccl: one GPU per rank); by default
+// init_process_group()'s.
 //
 // memory: L x Linear(W, W) (default 8 x Linear(4096, 4096), 134M
 // parameters, 537 MB in float32), Adam, 3 steps of batch 4. Each rank
@@ -66,12 +75,18 @@ struct Config {
   int64_t iters = 10;
   int64_t warmup = 2;
   int64_t rounds = 3;
+  std::string device = "cpu";
+  std::string backend; // empty: init_process_group()'s choice
+  int64_t batch = 0;   // 0: kSpeedBatch on the CPU, kSpeedBatchCuda on a GPU
 };
+
+constexpr int64_t kSpeedBatchCuda = 512;
 
 [[noreturn]] void usage_error(const std::string& message) {
   std::fprintf(stderr,
                "fsdp_bench: %s\n"
                "usage: fsdp_bench --mode speed [--iters N] [--warmup N] [--rounds R]\n"
+               "                  [--device cpu|cuda] [--backend gloo|nccl|mpi] [--batch N]\n"
                "       fsdp_bench --mode memory --variant ddp|fsdp-full|fsdp-grad-op [--width N] [--layers L]\n",
                message.c_str());
   std::exit(2);
@@ -106,12 +121,27 @@ Config parse_args(int argc, char** argv) {
       config.warmup = count(0);
     } else if (flag == "--rounds") {
       config.rounds = count(1);
+    } else if (flag == "--device") {
+      config.device = value;
+    } else if (flag == "--backend") {
+      config.backend = value;
+    } else if (flag == "--batch") {
+      config.batch = count(1);
     } else {
       usage_error("unknown flag '" + flag + "'");
     }
   }
   if (config.mode != "speed" && config.mode != "memory") {
     usage_error("--mode must be speed or memory (got '" + config.mode + "')");
+  }
+  if (config.device != "cpu" && config.device != "cuda") {
+    usage_error("--device must be cpu or cuda (got '" + config.device + "')");
+  }
+  if (!config.backend.empty() && config.backend != "gloo" && config.backend != "nccl" && config.backend != "mpi") {
+    usage_error("--backend must be gloo, nccl or mpi (got '" + config.backend + "')");
+  }
+  if (config.device == "cuda" && config.mode != "speed") {
+    usage_error("--device cuda is for --mode speed (the memory mode measures the CPU's resident set)");
   }
   if (config.mode == "memory" && config.variant != "ddp" && config.variant != "fsdp-full" &&
       config.variant != "fsdp-grad-op") {
@@ -131,11 +161,17 @@ struct Variant {
 };
 
 template <typename OptimizerType, typename Options>
-Variant make_variant(const std::string& name, int64_t width, int64_t layers, const Options& optimizer_options) {
+Variant make_variant(const std::string& name, int64_t width, int64_t layers, const Options& optimizer_options,
+                     const torch::Device& device = torch::kCPU) {
   torch::manual_seed(0);
   Variant v{name, ddp_bench::make_mlp(width, layers), nullptr, nullptr, nullptr, {}};
+  v.net->to(device);
   if (name == "ddp") {
-    auto model = std::make_shared<ddp::DistributedDataParallel>(v.net);
+    auto ddp_options = ddp::DistributedDataParallelOptions();
+    if (device.is_cuda()) {
+      ddp_options.device_ids({device});
+    }
+    auto model = std::make_shared<ddp::DistributedDataParallel>(v.net, ddp_options);
     v.forward = [model](const torch::Tensor& x) { return (*model)(x); };
     v.optimizer = std::make_unique<OptimizerType>((*model)->parameters(), optimizer_options);
     v.holder = model->ptr();
@@ -158,18 +194,21 @@ void step(Variant& v, const torch::Tensor& x, const torch::Tensor& y) {
   v.optimizer->step();
 }
 
-int run_speed(ddp::ProcessGroup& group, const Config& config) {
+
+int run_speed(ddp::ProcessGroup& group, const Config& config, const torch::Device& device) {
   using Clock = std::chrono::steady_clock;
   const std::vector<std::string> names = {"ddp", "fsdp-full", "fsdp-full-prefetch", "fsdp-grad-op",
                                           "fsdp-grad-op-prefetch"};
   std::vector<Variant> variants;
   const int64_t params = ddp_bench::parameter_count(*ddp_bench::make_mlp(kSpeedWidth, kSpeedLayers));
   for (const auto& name : names) {
-    variants.push_back(make_variant<torch::optim::SGD>(name, kSpeedWidth, kSpeedLayers, torch::optim::SGDOptions(1e-3)));
+    variants.push_back(
+        make_variant<torch::optim::SGD>(name, kSpeedWidth, kSpeedLayers, torch::optim::SGDOptions(1e-3), device));
   }
+  const int64_t batch = config.batch > 0 ? config.batch : device.is_cuda() ? kSpeedBatchCuda : kSpeedBatch;
   torch::manual_seed(1 + group.rank());
-  const auto x = torch::randn({kSpeedBatch, kSpeedWidth});
-  const auto y = torch::randn({kSpeedBatch, kSpeedWidth});
+  const auto x = torch::randn({batch, kSpeedWidth}).to(device);
+  const auto y = torch::randn({batch, kSpeedWidth}).to(device);
   for (int64_t round = 0; round < config.rounds; ++round) {
     for (size_t k = 0; k < variants.size(); ++k) {
       auto& v = variants[(k + static_cast<size_t>(round)) % variants.size()];
@@ -178,11 +217,13 @@ int run_speed(ddp::ProcessGroup& group, const Config& config) {
       }
       std::vector<double> host;
       for (int64_t i = 0; i < config.iters; ++i) {
+        ddp_bench::synchronize(device);
         const auto start = Clock::now();
         step(v, x, y);
+        ddp_bench::synchronize(device);
         host.push_back(std::chrono::duration<double, std::milli>(Clock::now() - start).count());
       }
-      const auto sorted = ddp_bench::slowest_rank_sorted(group, host, torch::kCPU);
+      const auto sorted = ddp_bench::slowest_rank_sorted(group, host, device);
       v.medians.push_back(sorted[sorted.size() / 2]);
     }
   }
@@ -191,10 +232,11 @@ int run_speed(ddp::ProcessGroup& group, const Config& config) {
     for (const auto& v : variants) {
       const double best = ddp_bench::lowest(v.medians);
       const std::string rounds = ddp_bench::joined_ms(v.medians);
-      std::printf("fsdp_bench mode=speed backend=%s world=%d variant=%s params=%lld median_ms=%.1f ratio=%.3f "
+      std::printf("fsdp_bench mode=speed backend=%s world=%d%s variant=%s params=%lld median_ms=%.*f ratio=%.3f "
                   "rounds_ms=%s\n",
-                  group.backend_name().c_str(), group.size(), v.name.c_str(),
-                  static_cast<long long>(params), best, best / anchor, rounds.c_str());
+                  group.backend_name().c_str(), group.size(),
+                  device.is_cuda() ? c10::str(" device=cuda batch=", batch).c_str() : "", v.name.c_str(),
+                  static_cast<long long>(params), device.is_cuda() ? 3 : 1, best, best / anchor, rounds.c_str());
     }
     std::fflush(stdout);
   }
@@ -243,8 +285,9 @@ int main(int argc, char** argv) {
   const Config config = parse_args(argc, argv);
   try {
     torch::set_num_threads(1);
-    auto group = ddp::init_process_group();
-    const int status = config.mode == "speed" ? run_speed(*group, config) : run_memory(*group, config);
+    const torch::Device device = ddp_bench::rank_device(config.device);
+    auto group = ddp::init_process_group(ddp_bench::init_options_for(config.backend));
+    const int status = config.mode == "speed" ? run_speed(*group, config, device) : run_memory(*group, config);
     ddp::destroy_process_group();
     return status;
   } catch (const c10::Error& e) {

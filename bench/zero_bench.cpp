@@ -201,11 +201,6 @@ void step(Variant& v, const torch::Tensor& x, const torch::Tensor& y) {
   v.optimizer->step();
 }
 
-void synchronize(const torch::Device& device) {
-  if (device.is_cuda()) {
-    torch::cuda::synchronize(device.index());
-  }
-}
 
 // The per-step times of `iters` steps, each the slowest rank's.
 std::vector<double> time_steps(ddp::ProcessGroup& group, Variant& v, const torch::Tensor& x,
@@ -216,10 +211,10 @@ std::vector<double> time_steps(ddp::ProcessGroup& group, Variant& v, const torch
   }
   std::vector<double> host(static_cast<size_t>(iters));
   for (int64_t i = 0; i < iters; ++i) {
-    synchronize(device);
+    ddp_bench::synchronize(device);
     const auto start = Clock::now();
     step(v, x, y);
-    synchronize(device);
+    ddp_bench::synchronize(device);
     host[static_cast<size_t>(i)] = std::chrono::duration<double, std::milli>(Clock::now() - start).count();
   }
   return ddp_bench::slowest_rank_sorted(group, host, device);
@@ -264,7 +259,7 @@ int run_speed(ddp::ProcessGroup& group, const Config& config, const torch::Devic
 double gpu_peak_mb(const torch::Device& device) {
 #ifdef DDP_WITH_NCCL
   if (device.is_cuda()) {
-    synchronize(device);
+    ddp_bench::synchronize(device);
     const auto stats = c10::cuda::CUDACachingAllocator::getDeviceStats(device.index());
     const auto aggregate = static_cast<size_t>(c10::CachingAllocator::StatType::AGGREGATE);
     return static_cast<double>(stats.allocated_bytes[aggregate].peak) / (1024.0 * 1024.0);
@@ -321,22 +316,8 @@ int main(int argc, char** argv) {
   const Config config = parse_args(argc, argv);
   try {
     torch::set_num_threads(1);
-    auto options = ddp::InitOptions();
-    if (config.backend == "gloo") {
-      options.backend(ddp::Backend::kGloo);
-    } else if (config.backend == "nccl") {
-      options.backend(ddp::Backend::kNccl);
-    } else if (config.backend == "mpi") {
-      options.backend(ddp::Backend::kMpi);
-    }
-    torch::Device device(torch::kCPU);
-    if (config.device == "cuda") {
-      TORCH_CHECK(torch::cuda::is_available(), "zero_bench: --device cuda, but no CUDA device is visible");
-      const auto info = ddp::world_info_from_env();
-      device = torch::Device(torch::kCUDA,
-                             static_cast<c10::DeviceIndex>(info.local_rank % static_cast<int>(torch::cuda::device_count())));
-    }
-    auto group = ddp::init_process_group(options);
+    const torch::Device device = ddp_bench::rank_device(config.device);
+    auto group = ddp::init_process_group(ddp_bench::init_options_for(config.backend));
     const int status =
         config.mode == "speed" ? run_speed(*group, config, device) : run_memory(*group, config, device);
     ddp::destroy_process_group();

@@ -6,7 +6,7 @@
 // Usage:
 //   build/ddprun --nproc-per-node 2 --no-prefix build/bench/gpu_ddp_step_bench
 //       [--backend nccl|gloo] [--model mlp|toy] [--width 4096] [--layers 4]
-//       [--batch 64] [--iters 50] [--warmup 10]
+//       [--batch 64] [--iters 50] [--warmup 10] [--communicate-alone 1]
 // prints on rank 0 one line
 //   ddp_step_bench impl=ddp model=mlp backend=nccl world=2 params=67125248 batch=64 warmup=10 iters=50 median_ms=12.345 p10_ms=12.001 p90_ms=12.900
 // and exits 0; 1 on an error, 2 on a bad command line, 77 without a GPU.
@@ -18,6 +18,13 @@
 // gradient allreduce), and an SGD step; the device is synchronized before
 // and after each timed step, and rank 0 reports the median and the 10th and
 // 90th percentiles of the step times.
+//
+// With one rank DDP sends nothing: the mean of one gradient is itself, so
+// ddp's built-in allreduce skips the collective (PyTorch's DDP still runs
+// it). --communicate-alone 1 registers a communication hook that allreduces
+// every bucket even then, so that one GPU can measure what the collectives
+// add (the NCCL fingerprint check's cost, docs/gpu.md); the line then says
+// hook=allreduce.
 
 #include <torch/cuda.h>
 #include <torch/torch.h>
@@ -43,6 +50,7 @@ struct Config {
   int64_t batch = 64;
   int iters = 50;
   int warmup = 10;
+  bool communicate_alone = false;
 };
 
 bool parse(int argc, char** argv, Config& config) {
@@ -66,6 +74,8 @@ bool parse(int argc, char** argv, Config& config) {
       config.iters = std::atoi(value);
     } else if (flag == "--warmup") {
       config.warmup = std::atoi(value);
+    } else if (flag == "--communicate-alone") {
+      config.communicate_alone = std::string(value) == "1";
     } else {
       return false;
     }
@@ -115,6 +125,12 @@ int run(const Config& config) {
     params += p.numel();
   }
   ddp::DistributedDataParallel model(net, ddp::DistributedDataParallelOptions().device_ids({device}));
+  if (config.communicate_alone) {
+    model->register_comm_hook([](ddp::ProcessGroup& g, ddp::GradBucket& bucket) {
+      bucket.buffer().div_(g.size());
+      return g.allreduce(bucket.buffer());
+    });
+  }
   torch::optim::SGD optimizer(net->parameters(), 0.01);
   auto x = torch::randn({config.batch, in_features}, device);
   auto y = torch::randn({config.batch, out_features}, device);
@@ -133,9 +149,10 @@ int run(const Config& config) {
     }
   }
   if (group->rank() == 0) {
-    std::printf("ddp_step_bench impl=ddp model=%s backend=%s world=%d params=%lld batch=%lld "
+    std::printf("ddp_step_bench impl=ddp model=%s backend=%s world=%d%s params=%lld batch=%lld "
                 "warmup=%d iters=%d median_ms=%.3f p10_ms=%.3f p90_ms=%.3f\n",
-                config.model.c_str(), config.backend.c_str(), group->size(), static_cast<long long>(params),
+                config.model.c_str(), config.backend.c_str(), group->size(),
+                config.communicate_alone ? " hook=allreduce" : "", static_cast<long long>(params),
                 static_cast<long long>(config.batch), config.warmup, config.iters,
                 percentile(times_ms, 0.5), percentile(times_ms, 0.1), percentile(times_ms, 0.9));
   }
@@ -150,7 +167,7 @@ int main(int argc, char** argv) {
   if (!parse(argc, argv, config)) {
     std::fprintf(stderr,
                  "usage: %s [--backend nccl|gloo] [--model mlp|toy] [--width N] [--layers N] [--batch N] "
-                 "[--iters N] [--warmup N]\n",
+                 "[--iters N] [--warmup N] [--communicate-alone 1]\n",
                  argv[0]);
     return 2;
   }

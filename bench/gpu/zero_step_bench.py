@@ -18,9 +18,9 @@ Exits 0; 77 without a GPU.
 """
 
 import argparse
-import os
 import sys
-import time
+
+from sharding_bench import alternate_rounds, make_mlp, print_speed, start, synchronize
 
 SPEED_WIDTH = 2500
 LAYERS = 4
@@ -43,15 +43,6 @@ def parse_args():
     return parser.parse_args()
 
 
-def make_mlp(torch, width, layers):
-    modules = []
-    for i in range(layers):
-        modules.append(torch.nn.Linear(width, width))
-        if i + 1 < layers:
-            modules.append(torch.nn.ReLU())
-    return torch.nn.Sequential(*modules)
-
-
 def make_variant(torch, name, width, layers, device):
     from torch.distributed.algorithms.ddp_comm_hooks.ddp_zero_hook import hook_with_zero_step
     from torch.distributed.algorithms.ddp_comm_hooks.default_hooks import allreduce_hook
@@ -69,33 +60,17 @@ def make_variant(torch, name, width, layers, device):
                                             lr=LEARNING_RATE, overlap_with_ddp=overlap)
         if overlap:
             model.register_comm_hook(None, hook_with_zero_step(allreduce_hook, model, optimizer))
-    return {"name": name, "net": net, "model": model, "optimizer": optimizer, "medians": []}
+    return {"name": name, "net": net, "params": sum(p.numel() for p in net.parameters()), "model": model,
+            "optimizer": optimizer, "medians": []}
 
 
 def step(torch, v, x, y):
     v["optimizer"].zero_grad()
     torch.nn.functional.mse_loss(v["model"](x), y).backward()
-    v["optimizer"].step()
-
-
-def synchronize(torch, device):
-    if device.type == "cuda":
-        torch.cuda.synchronize(device)
-
-
-def time_steps(torch, dist, v, x, y, warmup, iters):
-    for _ in range(warmup):
-        step(torch, v, x, y)
-    times = []
-    for _ in range(iters):
-        synchronize(torch, x.device)
-        start = time.perf_counter()
-        step(torch, v, x, y)
-        synchronize(torch, x.device)
-        times.append((time.perf_counter() - start) * 1000.0)
-    slowest = torch.tensor(times, dtype=torch.float64, device=x.device)
-    dist.all_reduce(slowest, op=dist.ReduceOp.MAX)
-    return sorted(slowest.cpu().tolist())
+    if v["name"] != "zero1-overlap":
+        # With overlap_with_ddp the step runs inside the DDP hook; PyTorch's
+        # step() then only logs a warning (which costs ~1.4 ms a step).
+        v["optimizer"].step()
 
 
 def main():
@@ -103,18 +78,10 @@ def main():
     import torch
     import torch.distributed as dist
 
-    if args.device == "cuda" and not torch.cuda.is_available():
-        print("no CUDA device: NCCL tests need a GPU")
+    started = start(torch, dist, args.device, args.backend)
+    if started is None:
         return 77
-    torch.set_num_threads(1)
-    local_rank = int(os.environ.get("LOCAL_RANK", "0"))
-    if args.device == "cuda":
-        device = torch.device("cuda", local_rank % torch.cuda.device_count())
-        torch.cuda.set_device(device)
-    else:
-        device = torch.device("cpu")
-    dist.init_process_group(args.backend)
-    rank, world = dist.get_rank(), dist.get_world_size()
+    device, rank, world = started
 
     if args.mode == "speed":
         batch = args.batch or 8
@@ -124,20 +91,10 @@ def main():
         torch.manual_seed(1 + rank)
         x = torch.randn(batch, SPEED_WIDTH).to(device)
         y = torch.randn(batch, SPEED_WIDTH).to(device)
-        for round_index in range(args.rounds):
-            for k in range(len(variants)):
-                v = variants[(k + round_index) % len(variants)]
-                times = time_steps(torch, dist, v, x, y, args.warmup, args.iters)
-                v["medians"].append(times[len(times) // 2])
+        alternate_rounds(torch, dist, variants, lambda v: step(torch, v, x, y), device, args)
         if rank == 0:
-            anchor = min(variants[0]["medians"])
-            for v in variants:
-                best = min(v["medians"])
-                params = sum(p.numel() for p in v["net"].parameters())
-                print("zero_bench impl=torch mode=speed backend=%s world=%d device=%s batch=%d variant=%s "
-                      "params=%d median_ms=%.3f ratio=%.3f rounds_ms=%s"
-                      % (args.backend, world, device.type, batch, v["name"], params, best, best / anchor,
-                         ",".join("%.3f" % m for m in v["medians"])), flush=True)
+            print_speed("zero_bench impl=torch mode=speed backend=%s world=%d device=%s batch=%d"
+                        % (args.backend, world, device.type, batch), variants)
     else:
         batch = args.batch or 4
         v = make_variant(torch, args.variant, args.width, args.layers, device)
@@ -155,7 +112,7 @@ def main():
         every = [torch.empty_like(mine) for _ in range(world)]
         dist.all_gather(every, mine)
         if rank == 0:
-            params = sum(p.numel() for p in v["net"].parameters())
+            params = v["params"]
             for r, f in enumerate(every):
                 f = f.cpu().tolist()
                 print("zero_bench impl=torch mode=memory backend=%s world=%d variant=%s params=%d rank=%d "

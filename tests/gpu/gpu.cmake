@@ -1,9 +1,10 @@
 # tests: gpu
 #
 # The GPU tests: the NCCL backend (collectives, Work::wait stream semantics,
-# the watchdog, the collective fingerprint check, the flight recorder), Gloo
-# with CUDA tensors, and DistributedDataParallel and ZeroRedundancyOptimizer
-# on CUDA against the CPU. They are built only with the NCCL backend
+# the watchdog, the collective fingerprint check, the flight recorder, the
+# timeline, object collectives and uneven all-to-all), Gloo with CUDA
+# tensors, and DistributedDataParallel, ZeroRedundancyOptimizer and
+# FullyShardedDataParallel on CUDA against the CPU. They are built only with the NCCL backend
 # (DDP_HAVE_NCCL), carry the label "gpu", and skip with "no CUDA device: NCCL
 # tests need a GPU" on a machine without one.
 #
@@ -18,11 +19,14 @@ set(DDP_GPU_TEST_SOURCES
   gpu/nccl_watchdog_test.cpp
   gpu/nccl_fingerprint_test.cpp
   gpu/nccl_flight_recorder_test.cpp
+  gpu/nccl_timeline_test.cpp
+  gpu/nccl_features_test.cpp
   gpu/gloo_cuda_test.cpp
   gpu/composite_cuda_test.cpp
   gpu/ddp_cuda_test.cpp
   gpu/ddp_cuda_parity_main.cpp
-  gpu/zero_cuda_parity_main.cpp)
+  gpu/zero_cuda_parity_main.cpp
+  gpu/fsdp_cuda_parity_main.cpp)
 
 # ---- The compile check ---------------------------------------------------------------
 set(_ddp_skip_code 77)
@@ -74,6 +78,13 @@ ddp_add_gpu_gtest(nccl_fingerprint_test gpu/nccl_fingerprint_test.cpp 600)
 # The flight recorder on an NCCL group: shapes and states, the dump of a
 # wait() that timed out on the GPU.
 ddp_add_gpu_gtest(nccl_flight_recorder_test gpu/nccl_flight_recorder_test.cpp 120)
+# The step timeline of DDP on CUDA over NCCL: steps, buckets and the NCCL
+# group's collectives in the trace (its own program: DDP_TRACE_DIR is read
+# once per process).
+ddp_add_gpu_gtest(nccl_timeline_test gpu/nccl_timeline_test.cpp 120)
+# Object collectives through a device buffer, uneven and list all-to-all,
+# batched point-to-point's refusals, DDP's refusal of sparse gradients.
+ddp_add_gpu_gtest(nccl_features_test gpu/nccl_features_test.cpp 120)
 # Gloo with CUDA tensors, world size 2 as threads on one GPU.
 ddp_add_gpu_gtest(gloo_cuda_test gpu/gloo_cuda_test.cpp 180)
 # Backend::kAuto: Gloo for CPU tensors and NCCL for CUDA tensors in one group.
@@ -95,18 +106,29 @@ foreach(backend gloo nccl)
   set_tests_properties(gpu_ddp_parity_${backend}_2_ranks PROPERTIES SKIP_RETURN_CODE ${_ddp_skip_code})
 endforeach()
 
+# ddp_add_gpu_parity(<program> <source>): a parity program run under ddprun
+# as Gloo with 2 ranks sharing a GPU, NCCL with 1 rank, and NCCL with 2 ranks
+# when there are 2 GPUs (skipped otherwise, exit code 77).
+function(ddp_add_gpu_parity program source)
+  add_executable(${program} ${source})
+  target_link_libraries(${program} PRIVATE ddp ddp_nccl_deps torch GTest::gtest Threads::Threads)
+  target_include_directories(${program} PRIVATE ${PROJECT_SOURCE_DIR}/tests)
+  ddp_use_test_pch(${program})
+  string(REGEX REPLACE "_main$" "" stem ${program})
+  foreach(config gloo:2 nccl:1 nccl:2)
+    string(REPLACE ":" ";" parts ${config})
+    list(GET parts 0 backend)
+    list(GET parts 1 nproc)
+    ddp_add_launched_test(${stem}_${backend}_${nproc}_ranks NPROC ${nproc} COMMAND ${program}
+      ARGS ${backend} TIMEOUT 180 LABELS gpu)
+    set_tests_properties(${stem}_${backend}_${nproc}_ranks PROPERTIES SKIP_RETURN_CODE ${_ddp_skip_code})
+  endforeach()
+endfunction()
+
 # ZeroRedundancyOptimizer on CUDA parameters (stages 1 and 2, overlapped)
-# against plain Adam on the CPU: Gloo with 2 ranks sharing a GPU, NCCL with 1
-# rank, and NCCL with 2 ranks when there are 2 GPUs (skipped otherwise).
-add_executable(gpu_zero_parity_main gpu/zero_cuda_parity_main.cpp)
-target_link_libraries(gpu_zero_parity_main PRIVATE ddp ddp_nccl_deps torch GTest::gtest Threads::Threads)
-target_include_directories(gpu_zero_parity_main PRIVATE ${PROJECT_SOURCE_DIR}/tests)
-ddp_use_test_pch(gpu_zero_parity_main)
-foreach(config gloo:2 nccl:1 nccl:2)
-  string(REPLACE ":" ";" parts ${config})
-  list(GET parts 0 backend)
-  list(GET parts 1 nproc)
-  ddp_add_launched_test(gpu_zero_parity_${backend}_${nproc}_ranks NPROC ${nproc} COMMAND gpu_zero_parity_main
-    ARGS ${backend} TIMEOUT 180 LABELS gpu)
-  set_tests_properties(gpu_zero_parity_${backend}_${nproc}_ranks PROPERTIES SKIP_RETURN_CODE ${_ddp_skip_code})
-endforeach()
+# against plain Adam on the CPU.
+ddp_add_gpu_parity(gpu_zero_parity_main gpu/zero_cuda_parity_main.cpp)
+# FullyShardedDataParallel on CUDA (every strategy, prefetch, a custom
+# module, clip_grad_norm, bf16 mixed precision) against plain training on
+# the CPU.
+ddp_add_gpu_parity(gpu_fsdp_parity_main gpu/fsdp_cuda_parity_main.cpp)

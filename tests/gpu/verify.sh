@@ -8,18 +8,22 @@
 #   PYTHON     an interpreter whose torch has CUDA, for PyTorch's side of the
 #              benchmark (default: python3)
 #
-# Steps: the CTest tests labelled gpu; DDP and ZeroRedundancyOptimizer
-# parity on CUDA with 2 ranks under ddprun (Gloo; NCCL when there are 2
-# GPUs); the ToyModel example alone on the GPU; the side-by-side DDP step
-# benchmark (bench/gpu/run_ddp_step_bench.py), and ZeRO's step against
-# PyTorch's ZeroRedundancyOptimizer (bench/zero_bench.cpp --device cuda,
-# bench/gpu/zero_step_bench.py).
-# DDP_VERIFY_BENCH=0 leaves the benchmark out. Exits non-zero when a check
+# Steps: the CTest tests labelled gpu; DDP, ZeroRedundancyOptimizer and
+# FullyShardedDataParallel parity on CUDA with 2 ranks under ddprun (Gloo;
+# NCCL when there are 2 GPUs); the ToyModel example alone on the GPU; the
+# side-by-side DDP step benchmark (bench/gpu/run_ddp_step_bench.py), the cost
+# of the NCCL fingerprint check, ZeRO's step against PyTorch's
+# ZeroRedundancyOptimizer (bench/zero_bench.cpp --device cuda,
+# bench/gpu/zero_step_bench.py) and FSDP's against PyTorch's FSDP
+# (bench/fsdp_bench.cpp --device cuda, bench/gpu/fsdp_step_bench.py).
+# DDP_VERIFY_BENCH=0 leaves the benchmarks out; DDP_VERIFY_ROUNDS=R sets
+# their rounds (default 3). Exits non-zero when a check
 # fails; benchmark ratios never fail it.
 set -uo pipefail
 
 build=${1:?usage: bash tests/gpu/verify.sh BUILD_DIR [PYTHON]}
 python=${2:-python3}
+rounds=${DDP_VERIFY_ROUNDS:-3}
 root=$(cd "$(dirname "${BASH_SOURCE[0]}")/../.." && pwd)
 failed=0
 
@@ -46,8 +50,8 @@ nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader ||
 step "CTest, label gpu"
 check ctest-gpu ctest --test-dir "$build" -L gpu --output-on-failure --timeout 300
 
-step "DDP and ZeRO parity on CUDA, 2 ranks"
-for program in gpu_ddp_parity_main gpu_zero_parity_main; do
+step "DDP, ZeRO and FSDP parity on CUDA, 2 ranks"
+for program in gpu_ddp_parity_main gpu_zero_parity_main gpu_fsdp_parity_main; do
   for backend in gloo nccl; do
     "$build/ddprun" --nproc-per-node 2 "$build/tests/$program" "$backend"
     rc=$?
@@ -67,15 +71,30 @@ check toy_model-alone "$build/examples/toy_model"
 
 if [[ ${DDP_VERIFY_BENCH:-1} != 0 ]]; then
   step "DDP step benchmark against PyTorch DDP"
-  check step-bench "$python" "$root/bench/gpu/run_ddp_step_bench.py" "$build" --python "$python"
-  step "ZeRO step against PyTorch's ZeroRedundancyOptimizer (NCCL 1 rank, Gloo 2 ranks)"
-  for config in nccl:1 gloo:2; do
-    backend=${config%%:*}
-    nproc=${config##*:}
-    check "zero-bench-$backend" "$build/ddprun" --nproc-per-node "$nproc" --no-prefix "$build/bench/zero_bench" \
-      --mode speed --device cuda --backend "$backend" --batch 512
-    check "zero-bench-torch-$backend" "$build/ddprun" --nproc-per-node "$nproc" --no-prefix "$python" \
-      "$root/bench/gpu/zero_step_bench.py" --mode speed --backend "$backend" --batch 512
+  check step-bench "$python" "$root/bench/gpu/run_ddp_step_bench.py" "$build" --python "$python" --rounds "$rounds"
+  # zero: against PyTorch's ZeroRedundancyOptimizer; fsdp: against its
+  # FullyShardedDataParallel.
+  for bench in zero fsdp; do
+    step "$bench step against PyTorch's (NCCL 1 rank, Gloo 2 ranks)"
+    for config in nccl:1 gloo:2; do
+      backend=${config%%:*}
+      nproc=${config##*:}
+      check "$bench-bench-$backend" "$build/ddprun" --nproc-per-node "$nproc" --no-prefix \
+        "$build/bench/${bench}_bench" --mode speed --device cuda --backend "$backend" --batch 512 --rounds "$rounds"
+      check "$bench-bench-torch-$backend" "$build/ddprun" --nproc-per-node "$nproc" --no-prefix "$python" \
+        "$root/bench/gpu/${bench}_step_bench.py" --mode speed --backend "$backend" --batch 512 --rounds "$rounds"
+    done
+  done
+  # With one rank DDP sends nothing unless asked (--communicate-alone 1).
+  step "The NCCL fingerprint check's cost, forced on at one rank (alternating rounds)"
+  for model in "--model toy --batch 20" "--model mlp --width 2500 --layers 4 --batch 4096"; do
+    for round in $(seq "$rounds"); do
+      for check_mode in off on; do
+        # shellcheck disable=SC2086 # $model holds several flags
+        echo "check=$check_mode round=$round: $(DDP_NCCL_COLLECTIVE_CHECK=$check_mode \
+          "$build/bench/gpu_ddp_step_bench" --backend nccl --communicate-alone 1 $model 2>&1 | tail -n 1)"
+      done
+    done
   done
 fi
 
