@@ -704,10 +704,8 @@ int train(const Flags& flags, const ddp::WorldInfo& world, torch::Device device,
   if (fsdp) {
     auto full = (*fsdp)->full_state_dict();
     torch::nn::Module parameters;
-    for (const auto& item : full) {
-      if ((*fsdp)->module()->named_parameters().contains(item.key())) {
-        parameters.register_parameter(std::to_string(parameters.parameters().size()), item.value());
-      }
+    for (const auto& name : ddp::module_parameter_names(*(*fsdp)->module())) {
+      parameters.register_parameter(std::to_string(parameters.parameters().size()), full[name]);
     }
     if (is_rank0) {
       int64_t values = 0;

@@ -3,6 +3,10 @@
 /// Umbrella header: everything a training program needs from ddp.
 
 #include <ddp/blas.h>
+#include <ddp/checkpoint/dcp.h>
+#include <ddp/checkpoint/safetensors.h>
+#include <ddp/checkpoint/state_dict.h>
+#include <ddp/checkpoint/torch_format.h>
 #include <ddp/comm/batch_p2p.h>
 #include <ddp/comm/error.h>
 #include <ddp/comm/flight_recorder.h>

@@ -11,7 +11,7 @@
 #include <vector>
 
 #include "flight_recorder/dump_view.h"
-#include "flight_recorder/json.h"
+#include "internal/json.h"
 #include "internal/text_files.h"
 
 namespace ddp::flight_recorder {

@@ -8,7 +8,7 @@
 #include <map>
 #include <string>
 
-#include "flight_recorder/json.h"
+#include "internal/json.h"
 
 namespace ddp::flight_recorder {
 

@@ -278,12 +278,17 @@ void FlatUnit::finish_reduce() {
 }
 
 at::Tensor FlatUnit::gather_full_copy() {
+  return gather_flat(shard_);
+}
+
+at::Tensor FlatUnit::gather_flat(const at::Tensor& shard_like) {
   torch::NoGradGuard no_grad;
+  DDP_INTERNAL_ASSERT(shard_like.numel() == shard_numel_, "gather_flat of ", shard_like.numel(), " elements");
   if (shard_world_ == 1) {
-    return shard_.detach().clone();
+    return shard_like.detach().clone();
   }
-  auto full = torch::empty({padded_numel()}, shard_.options().requires_grad(false));
-  config_.shard_group->allgather_into_tensor(full, shard_.detach())->wait();
+  auto full = torch::empty({padded_numel()}, shard_like.options().requires_grad(false));
+  config_.shard_group->allgather_into_tensor(full, shard_like.detach().contiguous())->wait();
   return full;
 }
 

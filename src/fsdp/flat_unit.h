@@ -111,6 +111,10 @@ class FlatUnit {
   at::Tensor& shard() { return shard_; }
   int64_t shard_numel() const { return shard_numel_; }
   int64_t padded_numel() const { return shard_numel_ * shard_world_; }
+  // This rank's shard is elements [shard_rank() * shard_numel(), +
+  // shard_numel()) of the padded flat buffer.
+  int shard_rank() const { return shard_rank_; }
+  int shard_world() const { return shard_world_; }
   State state() const { return state_; }
 
   // Starts gathering into `full` (refilling it when already gathered but
@@ -141,6 +145,9 @@ class FlatUnit {
   // The whole unit, in the shard's dtype, gathered from every rank's shard:
   // a collective over the shard group.
   at::Tensor gather_full_copy();
+  // The same for a tensor shaped as the shard (an optimizer's exp_avg of
+  // it): every rank's, end to end (padded_numel() elements). A collective.
+  at::Tensor gather_flat(const at::Tensor& shard_like);
   // Sets the shard from the full values (padded_numel() elements).
   void load_full(const at::Tensor& full_flat);
 

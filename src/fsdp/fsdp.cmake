@@ -4,5 +4,6 @@ ddp_add_part(ddp_fsdp
   src/fsdp/flat_unit.cpp
   src/fsdp/fully_sharded_data_parallel.cpp
   src/fsdp/state_dict.cpp
+  src/fsdp/optim_state.cpp
   src/fsdp/sharded_checkpoint.cpp)
 target_precompile_headers(ddp_fsdp REUSE_FROM ddp_nn)

@@ -97,6 +97,22 @@ struct FullyShardedDataParallelImpl::State : std::enable_shared_from_this<State>
 };
 
 namespace detail {
+// One parameter of the unwrapped model as an optimizer over the shards sees
+// it (optim_state.cpp).
+struct ParamSlot {
+  size_t unit;
+  size_t entry;
+  std::string name; // PyTorch's (module_state_dict's)
+  size_t order;     // position in the module's parameter order
+};
+
+// The optimizer's groups as lists of the unwrapped model's parameters, each
+// group in module order. Throws c10::Error starting with `who` when a shard
+// is in no group or in two, or the optimizer holds another tensor.
+std::vector<std::vector<ParamSlot>> optimizer_param_slots(FullyShardedDataParallelImpl& model,
+                                                          const torch::optim::Optimizer& optimizer,
+                                                          const std::string& who);
+
 // What the code around FullyShardedDataParallelImpl (sharded checkpoints)
 // reads of it.
 struct FsdpAccess {

@@ -5,10 +5,10 @@
 
 #include <cmath>
 #include <limits>
-#include <set>
 
 #include <ddp/nn/fully_sharded_data_parallel.h>
 
+#include "checkpoint/names.h"
 #include "fsdp/fsdp_state.h"
 #include "internal/check.h"
 
@@ -17,35 +17,6 @@ namespace ddp {
 namespace {
 
 using StateDict = torch::OrderedDict<std::string, at::Tensor>;
-
-// Checks that `state` holds exactly the tensors `expected` names, with the
-// shapes given; throws naming every problem before anything is changed.
-void check_state(const std::string& who, const StateDict& state,
-                 const std::vector<std::pair<std::string, std::vector<int64_t>>>& expected) {
-  std::vector<std::string> problems;
-  std::set<std::string> known;
-  for (const auto& [name, shape] : expected) {
-    known.insert(name);
-    const auto* value = state.find(name);
-    if (value == nullptr) {
-      problems.push_back("missing " + name);
-    } else if (value->sizes().vec() != shape) {
-      problems.push_back(c10::str(name, " has shape ", value->sizes(), ", expected ", at::IntArrayRef(shape)));
-    }
-  }
-  for (const auto& item : state) {
-    if (known.count(item.key()) == 0) {
-      problems.push_back("unexpected " + item.key());
-    }
-  }
-  if (!problems.empty()) {
-    std::string text;
-    for (const auto& problem : problems) {
-      text += (text.empty() ? "" : "; ") + problem;
-    }
-    DDP_CHECK(false, who, ": the state does not fit the model: ", text);
-  }
-}
 
 } // namespace
 
@@ -63,15 +34,20 @@ StateDict FullyShardedDataParallelImpl::full_state_dict(const FullStateDictOptio
   }
   torch::NoGradGuard no_grad;
   auto place = [&](at::Tensor value) { return options.offload_to_cpu() ? value.to(torch::kCPU) : value; };
-  for (const auto& item : module_->named_parameters()) {
-    const auto found = s.where.find(item.key());
-    DDP_INTERNAL_ASSERT(found != s.where.end(), "parameter ", item.key(), " is in no unit");
+  // PyTorch's names and order (no FsdpUnit level), as module_state_dict.
+  for (const auto& item : checkpoint::named_state(*module_)) {
+    if (state.contains(item.name)) {
+      continue;
+    }
+    if (!item.parameter) {
+      state.insert(item.name, place(item.tensor.detach().clone()));
+      continue;
+    }
+    const auto found = s.where.find(item.raw_name);
+    DDP_INTERNAL_ASSERT(found != s.where.end(), "parameter ", item.raw_name, " is in no unit");
     const auto& entry = s.units[found->second.first]->entries()[found->second.second];
-    state.insert(item.key(),
+    state.insert(item.name,
                  place(fulls[found->second.first].narrow(0, entry.offset, entry.numel).view(entry.shape).clone()));
-  }
-  for (const auto& item : module_->named_buffers()) {
-    state.insert(item.key(), place(item.value().detach().clone()));
   }
   return state;
 }
@@ -79,26 +55,28 @@ StateDict FullyShardedDataParallelImpl::full_state_dict(const FullStateDictOptio
 void FullyShardedDataParallelImpl::load_full_state_dict(const StateDict& state) {
   State& s = *state_;
   DDP_CHECK(!s.in_forward, s.config.who, ": load_full_state_dict called during forward");
-  std::vector<std::pair<std::string, std::vector<int64_t>>> expected;
-  for (const auto& item : module_->named_parameters()) {
-    const auto found = s.where.find(item.key());
-    DDP_INTERNAL_ASSERT(found != s.where.end(), "parameter ", item.key(), " is in no unit");
-    expected.emplace_back(item.key(), s.units[found->second.first]->entries()[found->second.second].shape);
-  }
-  for (const auto& item : module_->named_buffers()) {
-    expected.emplace_back(item.key(), item.value().sizes().vec());
-  }
-  check_state(s.config.who, state, expected);
+  // The parameters hold no storage outside forward: their shapes are the
+  // units' entries'.
+  const auto resolved = checkpoint::resolve_state(
+      *module_, state, s.config.who + " load_full_state_dict", /*strict=*/true,
+      [&](const checkpoint::NamedTensor& item) {
+        if (!item.parameter) {
+          return item.tensor.sizes().vec();
+        }
+        const auto found = s.where.find(item.raw_name);
+        DDP_INTERNAL_ASSERT(found != s.where.end(), "parameter ", item.raw_name, " is in no unit");
+        return s.units[found->second.first]->entries()[found->second.second].shape;
+      });
   torch::NoGradGuard no_grad;
   for (auto& unit : s.units) {
     auto full = torch::zeros({unit->padded_numel()}, unit->shard().options().requires_grad(false));
     for (const auto& entry : unit->entries()) {
-      full.narrow(0, entry.offset, entry.numel).copy_(state[entry.name].reshape({-1}));
+      full.narrow(0, entry.offset, entry.numel).copy_(resolved.by_raw[entry.name].reshape({-1}));
     }
     unit->load_full(full);
   }
   for (auto& item : module_->named_buffers()) {
-    item.value().copy_(state[item.key()]);
+    item.value().copy_(resolved.by_raw[item.key()]);
   }
 }
 
@@ -143,31 +121,14 @@ double FullyShardedDataParallelImpl::clip_grad_norm(double max_norm, double norm
 }
 
 void load_full_state_dict(torch::nn::Module& module, const StateDict& state) {
-  std::vector<std::pair<std::string, std::vector<int64_t>>> expected;
-  for (const auto& item : module.named_parameters()) {
-    expected.emplace_back(item.key(), item.value().sizes().vec());
-  }
-  for (const auto& item : module.named_buffers()) {
-    expected.emplace_back(item.key(), item.value().sizes().vec());
-  }
-  check_state("load_full_state_dict", state, expected);
-  torch::NoGradGuard no_grad;
-  for (auto& item : module.named_parameters()) {
-    item.value().copy_(state[item.key()]);
-  }
-  for (auto& item : module.named_buffers()) {
-    item.value().copy_(state[item.key()]);
-  }
+  load_module_state_dict(module, state);
 }
 
 StateDict full_state_dict_of(const torch::nn::Module& module) {
   StateDict state;
   torch::NoGradGuard no_grad;
-  for (const auto& item : module.named_parameters()) {
-    state.insert(item.key(), item.value().detach().clone());
-  }
-  for (const auto& item : module.named_buffers()) {
-    state.insert(item.key(), item.value().detach().clone());
+  for (const auto& item : module_state_dict(module)) {
+    state.insert(item.key(), item.value().clone());
   }
   return state;
 }

@@ -12,6 +12,7 @@
 #include <torch/csrc/autograd/variable.h>
 #include <torch/version.h>
 
+#include <sstream>
 #include <type_traits>
 #include <utility>
 
@@ -33,5 +34,19 @@ namespace ddp::internal {
 // newer ones (2.15 has it). Both compare with == and test with bool.
 using AutogradNodePtr = std::decay_t<decltype(torch::autograd::impl::grad_accumulator(
     std::declval<const at::Tensor&>()))>;
+
+// The key of `param` in an optimizer's state map (Optimizer::state()):
+// LibTorch 1.13 keys it by the TensorImpl's address printed as a string,
+// 2.x by the address itself.
+template <typename Map>
+typename Map::key_type state_key(const Map& /*map*/, const at::Tensor& param) {
+  if constexpr (std::is_same_v<typename Map::key_type, std::string>) {
+    std::ostringstream text;
+    text << param.unsafeGetTensorImpl();
+    return text.str();
+  } else {
+    return param.unsafeGetTensorImpl();
+  }
+}
 
 } // namespace ddp::internal

@@ -22,6 +22,7 @@
 
 #include "internal/check.h"
 #include "internal/hash.h"
+#include "internal/torch_compat.h"
 
 namespace ddp::optim {
 
@@ -46,18 +47,8 @@ struct Bucket {
   at::Tensor in_place;
 };
 
-// The key of `param` in an optimizer's state map: LibTorch 1.13 keys it by
-// the TensorImpl's address printed as a string, 2.x by the address itself.
-template <typename Map>
-typename Map::key_type state_key(const Map& /*map*/, const at::Tensor& param) {
-  if constexpr (std::is_same_v<typename Map::key_type, std::string>) {
-    std::ostringstream text;
-    text << param.unsafeGetTensorImpl();
-    return text.str();
-  } else {
-    return param.unsafeGetTensorImpl();
-  }
-}
+// The key of `param` in an optimizer's state map (torch_compat.h).
+using internal::state_key;
 
 using internal::fnv1a; // the description of the parameters that ranks compare
 

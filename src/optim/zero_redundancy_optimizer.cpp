@@ -173,11 +173,15 @@ void ZeroRedundancyOptimizerBase::consolidate_state_dict(int to) {
   impl_->consolidated = std::move(full);
 }
 
-void ZeroRedundancyOptimizerBase::save(torch::serialize::OutputArchive& archive) const {
+const torch::optim::Optimizer& ZeroRedundancyOptimizerBase::consolidated() const {
   DDP_CHECK(impl_->consolidated != nullptr, impl_->who("save"),
             ": this rank holds no consolidated state. Call consolidate_state_dict(to) on every rank "
             "after the last step, then save on rank `to` (ddp::save_checkpoint does both)");
-  impl_->consolidated->save(archive);
+  return *impl_->consolidated;
+}
+
+void ZeroRedundancyOptimizerBase::save(torch::serialize::OutputArchive& archive) const {
+  consolidated().save(archive);
 }
 
 void ZeroRedundancyOptimizerBase::load(torch::serialize::InputArchive& archive) {

@@ -11,7 +11,7 @@
 #include <string>
 #include <vector>
 
-#include "flight_recorder/json.h"
+#include "internal/json.h"
 
 namespace ddp::timeline {
 

@@ -1,5 +1,5 @@
 // The JSON reader that `ddprun --analyze` reads dumps with
-// (src/flight_recorder/json.h): what a dump holds, and bad input refused
+// (src/internal/json.h): what a dump holds, and bad input refused
 // with the offset of the problem, never a crash.
 
 #include <gtest/gtest.h>
@@ -7,7 +7,7 @@
 #include <stdexcept>
 #include <string>
 
-#include "flight_recorder/json.h"
+#include "internal/json.h"
 
 namespace ddp::json {
 namespace {

@@ -16,7 +16,7 @@
 #include <string>
 #include <vector>
 
-#include "flight_recorder/json.h"
+#include "internal/json.h"
 #include "timeline/timeline.h"
 #include "timeline/trace_merge.h"
 

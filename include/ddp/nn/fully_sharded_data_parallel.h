@@ -24,6 +24,7 @@
 #include <utility>
 #include <vector>
 
+#include <ddp/checkpoint/state_dict.h>
 #include <ddp/comm/process_group.h>
 
 namespace ddp {
@@ -97,13 +98,15 @@ struct FullyShardedDataParallelOptions {
   TORCH_ARG(std::shared_ptr<ProcessGroup>, replicate_group) = nullptr;
 };
 
-/// Options of `full_state_dict()`.
+/// Options of `full_state_dict()`, PyTorch's FullStateDictConfig.
+/// Example: `model->full_state_dict(ddp::FullStateDictOptions().rank0_only(true).offload_to_cpu(true))`,
+/// what a checkpoint written by rank 0 wants.
 struct FullStateDictOptions {
   /// Only rank 0 of the group gets the tensors (the others an empty dict).
-  /// Default: true (PyTorch's FullStateDictConfig(rank0_only=True)).
-  TORCH_ARG(bool, rank0_only) = true;
-  /// Copy the tensors to the CPU. Default: true.
-  TORCH_ARG(bool, offload_to_cpu) = true;
+  /// Default: false, as PyTorch 2.11's FullStateDictConfig().
+  TORCH_ARG(bool, rank0_only) = false;
+  /// Copy the tensors to the CPU. Default: false, as PyTorch 2.11's.
+  TORCH_ARG(bool, offload_to_cpu) = false;
 };
 
 namespace detail {
@@ -121,8 +124,11 @@ struct FsdpAccess;
 /// };
 /// ```
 /// Without FullyShardedDataParallel it only forwards the call, so the same
-/// model runs in one process; its parameters are the submodule's, under
-/// the name "module" (e.g. "block.module.weight"). Under
+/// model runs in one process. LibTorch names its parameters under the
+/// submodule's name "module" (`named_parameters()` gives
+/// "block.module.weight"); every state dict and checkpoint leaves that level
+/// out ("block.weight"), as PyTorch leaves out its wrappers', so that the
+/// state loads into the model without FsdpUnits, in C++ or Python. Under
 /// FullyShardedDataParallel, it gathers the submodule's parameters around
 /// its forward, and throws c10::Error when called outside the wrapping
 /// model's forward. Units must not nest.
@@ -248,17 +254,17 @@ class FullyShardedDataParallelImpl : public torch::nn::Module {
   /// Gradient accumulation without communication; see FsdpNoSyncGuard.
   FsdpNoSyncGuard no_sync();
 
-  /// The full parameters and buffers, named as the wrapped module's
-  /// `named_parameters()` and `named_buffers()`; a plain module loads them
-  /// with `load_state_dict`-style copies (see ddp::load_full_state_dict).
-  /// A collective.
+  /// The full parameters and buffers, named as `module_state_dict` names
+  /// the wrapped module's (PyTorch's names: no FsdpUnit level); a plain
+  /// module loads them with `load_module_state_dict`. A collective.
   torch::OrderedDict<std::string, at::Tensor> full_state_dict(const FullStateDictOptions& options = {});
 
   /// Loads a full state (of `full_state_dict()`, or a plain module's
   /// parameters and buffers by name) into this rank's shards and buffers.
   /// Every rank passes the whole state. Not a collective. Throws c10::Error
   /// naming what is missing, unexpected, or of the wrong shape, before
-  /// changing anything.
+  /// changing anything. Names with a FsdpUnit's "module" level, as earlier
+  /// ddp versions saved them, still load (with a warning).
   void load_full_state_dict(const torch::OrderedDict<std::string, at::Tensor>& state);
 
   /// Clips the gradients of this rank's shards so that the norm of the whole
@@ -350,6 +356,23 @@ class FullyShardedDataParallel : public torch::nn::ModuleHolder<FullyShardedData
     return get()->template forward<ReturnType>(std::forward<Args>(args)...);
   }
 };
+
+/// The optimizer's state over `model`'s shards as the full optimizer state
+/// dict of the unwrapped model (PyTorch's FSDP.optim_state_dict with a
+/// full state dict): each parameter's state joined from every rank's shard,
+/// parameters numbered as a plain optimizer over the unwrapped model's
+/// parameters numbers them, their names in `param_names`. For LibTorch's
+/// Adam, AdamW, SGD, RMSprop and Adagrad. A collective (of the shard group).
+OptimizerStateDict full_optimizer_state_dict(FullyShardedDataParallel& model, const torch::optim::Optimizer& optimizer,
+                                             const FullStateDictOptions& options = {});
+
+/// Loads a full optimizer state dict (of full_optimizer_state_dict, or of a
+/// plain optimizer over the unwrapped model, from C++ or Python) into the
+/// state of this rank's shards, and the groups' options. Every rank passes
+/// the whole state. Not a collective. Throws c10::Error naming the problem
+/// before changing anything.
+void load_full_optimizer_state_dict(FullyShardedDataParallel& model, torch::optim::Optimizer& optimizer,
+                                    const OptimizerStateDict& state);
 
 /// Copies a full state (of `full_state_dict()`) into a plain, unwrapped
 /// module's parameters and buffers by name. Throws c10::Error naming what

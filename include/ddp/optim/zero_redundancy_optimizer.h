@@ -120,6 +120,12 @@ class ZeroRedundancyOptimizerBase : public torch::optim::Optimizer {
   /// groups' options. Local: every rank reads the same file.
   void load(torch::serialize::InputArchive& archive) override;
 
+  /// The consolidated state, as a plain optimizer of the wrapped type over
+  /// all the parameters (what `save()` writes): only on the rank that
+  /// `consolidate_state_dict` gathered onto, since it last changed;
+  /// elsewhere throws c10::Error saying so.
+  const torch::optim::Optimizer& consolidated() const;
+
   /// The wrapped optimizer over this rank's shard: one group per group of
   /// this optimizer, holding the parameters this rank owns (possibly none).
   torch::optim::Optimizer& local_optimizer();

@@ -1,9 +1,10 @@
 #pragma once
 
-// A small JSON reader and writer for ddprun (no Torch there): what the
-// flight recorder's dumps and the timeline's traces need, objects, arrays,
-// strings, numbers, true, false and null. Throws std::runtime_error naming
-// the offset of the first thing it cannot read.
+// A small JSON reader and writer (no Torch, so that ddprun uses it too):
+// what safetensors headers, the flight recorder's dumps and the timeline's
+// traces need, objects, arrays, strings, numbers, true, false and null.
+// Throws std::runtime_error naming the offset of the first thing it cannot
+// read.
 
 #include <cstdint>
 #include <map>

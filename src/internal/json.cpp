@@ -1,4 +1,4 @@
-#include "flight_recorder/json.h"
+#include "internal/json.h"
 
 #include <cmath>
 #include <cstdio>
