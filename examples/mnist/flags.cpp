@@ -46,6 +46,11 @@ const char* usage() {
          "  --test-size N          test examples (default 1000 synthetic, all of --data)\n"
          "  --seed N               seed of the data, the parameters and the shuffle (default 1)\n"
          "  --checkpoint-dir DIR   save a checkpoint there after every epoch (default: none)\n"
+         "  --checkpoint-format F  ddp (default), dcp (a torch.distributed.checkpoint\n"
+         "                         directory: resumes at any world size, optimizer\n"
+         "                         state included), torch (torch.save-format state\n"
+         "                         dicts) or safetensors (the model; the optimizer's\n"
+         "                         state beside it in torch.save's format)\n"
          "  --resume               continue from the newest checkpoint in --checkpoint-dir\n"
          "                         (implied when a launcher restarted the job: ddprun\n"
          "                         --max-restarts, torchrun --max-restarts, a requeued\n"
@@ -88,6 +93,13 @@ Flags parse_flags(int argc, char** argv) {
       {"--test-size", [&](auto& f, auto& v) { flags.test_size = parse_int(f, v, 1); }},
       {"--seed", [&](auto& f, auto& v) { flags.seed = static_cast<uint64_t>(parse_int(f, v, 0)); }},
       {"--checkpoint-dir", [&](auto&, auto& v) { flags.checkpoint_dir = v; }},
+      {"--checkpoint-format",
+       [&](auto& f, auto& v) {
+         if (v != "ddp" && v != "dcp" && v != "torch" && v != "safetensors") {
+           throw FlagError(f + " must be ddp, dcp, torch or safetensors (got '" + v + "')");
+         }
+         flags.checkpoint_format = v;
+       }},
       {"--csv", [&](auto&, auto& v) { flags.csv = v; }},
       {"--stop-after-epoch", [&](auto& f, auto& v) { flags.stop_after_epoch = parse_int(f, v, 1); }},
       {"--comm-hook",
@@ -161,6 +173,10 @@ Flags parse_flags(int argc, char** argv) {
   if (flags.comm_hook == "localsgd" && flags.optimizer_sharding != "none") {
     throw FlagError("--comm-hook localsgd lets each rank's parameters diverge between averagings, which sharded "
                     "optimizer state cannot follow: it takes no --optimizer-sharding");
+  }
+  if (flags.comm_hook == "localsgd" && flags.checkpoint_format != "ddp") {
+    throw FlagError("--comm-hook localsgd trains through a PostLocalSGDOptimizer, whose state only "
+                    "--checkpoint-format ddp saves");
   }
   if (!flags.fsdp.empty() && (flags.optimizer_sharding != "none" || flags.comm_hook != "allreduce")) {
     throw FlagError("--fsdp shards the optimizer state and reduce-scatters the gradients itself: it "

@@ -32,6 +32,12 @@ struct Flags {
   uint64_t seed = 1;
   /// Where checkpoints go; empty: none are written.
   std::string checkpoint_dir;
+  /// The checkpoints' format: "ddp" (ddp::save_checkpoint), "dcp" (a
+  /// torch.distributed.checkpoint directory: any world size, optimizer state
+  /// included), "torch" (torch.save-format state dicts of the model and the
+  /// optimizer) or "safetensors" (the model; the optimizer's state in
+  /// torch.save's format beside it). See checkpoints.cpp.
+  std::string checkpoint_format = "ddp";
   /// Continue from the newest checkpoint in checkpoint_dir.
   bool resume = false;
   /// Where rank 0 writes one row of metrics per epoch; empty: nowhere.

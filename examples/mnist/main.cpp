@@ -47,6 +47,7 @@
 
 #include <ddp/ddp.h>
 
+#include "checkpoints.h"
 #include "data.h"
 #include "flags.h"
 #include "hooks.h"
@@ -87,130 +88,6 @@ torch::Device pick_device(const ddp::WorldInfo& world) {
                     std::to_string(gpus) + " ranks per node (--nproc-per-node)");
   }
   return torch::Device(torch::kCUDA, static_cast<c10::DeviceIndex>(world.local_rank));
-}
-
-// ---- Checkpoints ----------------------------------------------------------------------
-//
-// Note [Checkpoint directory]
-// After epoch N the directory holds
-//   epoch-N.pt            the model's parameters (ddp::save_checkpoint)
-//   epoch-N.pt.optimizer  SGD's state: its momentum buffers
-//   latest                "completed_epochs N" and how the run was set up
-// `latest` is written after the checkpoint is complete, to a temporary file
-// renamed over the old one, so that whenever the job is killed it names a
-// complete checkpoint. Only then are older epochs' files removed.
-
-const char* const kSidecarName = "latest";
-
-struct Sidecar {
-  int64_t completed_epochs = 0;
-  int64_t world_size = 0;
-  int64_t batch_size = 0;
-  uint64_t seed = 0;
-};
-
-// mkdir -p. (Not std::filesystem: PyPI's LibTorch exports a copy of it that
-// shadows libstdc++'s, PyTorch issue 133437; plain POSIX calls avoid it.)
-void make_directories(const std::string& dir) {
-  for (size_t slash = dir.find('/', 1); ; slash = dir.find('/', slash + 1)) {
-    const std::string prefix = dir.substr(0, slash);
-    if (::mkdir(prefix.c_str(), 0777) != 0 && errno != EEXIST) {
-      throw std::runtime_error("cannot create directory " + prefix + ": " + std::strerror(errno));
-    }
-    if (slash == std::string::npos) {
-      return;
-    }
-  }
-}
-
-std::string checkpoint_path(const std::string& dir, int64_t epoch) {
-  return dir + "/epoch-" + std::to_string(epoch) + ".pt";
-}
-
-// Writes `text` to `path` through a temporary file and a rename: readers see
-// the old file or the new one, never a part. (Safe against a killed process;
-// against a power cut it would also need an fsync.)
-void write_atomically(const std::string& path, const std::string& text) {
-  const std::string tmp = path + ".tmp";
-  {
-    std::ofstream out(tmp, std::ios::trunc);
-    out << text;
-    out.close();
-    if (!out) {
-      throw std::runtime_error("cannot write " + tmp);
-    }
-  }
-  if (std::rename(tmp.c_str(), path.c_str()) != 0) {
-    throw std::runtime_error("cannot rename " + tmp + " to " + path + ": " + std::strerror(errno));
-  }
-}
-
-void write_sidecar(const std::string& dir, const Sidecar& s) {
-  std::ostringstream text;
-  text << "# mnist_train: the newest complete checkpoint is epoch-" << s.completed_epochs << ".pt\n"
-       << "completed_epochs " << s.completed_epochs << "\n"
-       << "world_size " << s.world_size << "\n"
-       << "batch_size " << s.batch_size << "\n"
-       << "seed " << s.seed << "\n";
-  write_atomically(dir + "/" + kSidecarName, text.str());
-}
-
-// The sidecar of `dir`, or nullopt when there is none yet.
-std::optional<Sidecar> read_sidecar(const std::string& dir) {
-  const std::string path = dir + "/" + kSidecarName;
-  std::ifstream in(path);
-  if (!in) {
-    return std::nullopt;
-  }
-  Sidecar s;
-  std::string line;
-  bool has_epochs = false;
-  for (int number = 1; std::getline(in, line); ++number) {
-    if (line.empty() || line[0] == '#') {
-      continue;
-    }
-    std::istringstream fields(line);
-    std::string key;
-    long long value = -1;
-    if (!(fields >> key >> value) || value < 0) {
-      throw std::runtime_error(path + " line " + std::to_string(number) + ": cannot read '" +
-                               line + "' (expected a name and a number)");
-    }
-    if (key == "completed_epochs") {
-      s.completed_epochs = value;
-      has_epochs = true;
-    } else if (key == "world_size") {
-      s.world_size = value;
-    } else if (key == "batch_size") {
-      s.batch_size = value;
-    } else if (key == "seed") {
-      s.seed = static_cast<uint64_t>(value);
-    }
-  }
-  if (!has_epochs) {
-    throw std::runtime_error(path + ": no 'completed_epochs' line");
-  }
-  return s;
-}
-
-// Removes the checkpoint files of `dir` (epoch-K.pt, epoch-K.pt.optimizer, and
-// temporary files that a killed save left behind) but epoch `keep`'s.
-void remove_other_checkpoints(const std::string& dir, int64_t keep) {
-  const std::string kept = "epoch-" + std::to_string(keep) + ".pt";
-  DIR* listing = ::opendir(dir.c_str());
-  if (listing == nullptr) {
-    return;
-  }
-  while (const dirent* entry = ::readdir(listing)) {
-    const std::string name = entry->d_name;
-    const bool ours = name.rfind("epoch-", 0) == 0 && name.find(".pt") != std::string::npos;
-    // Keeps epoch-N.pt and every file named after it (its optimizer state,
-    // a sharded checkpoint's rank files).
-    if (ours && name != kept && name.rfind(kept + ".", 0) != 0) {
-      std::remove((dir + "/" + name).c_str()); // best effort
-    }
-  }
-  ::closedir(listing);
 }
 
 // ---- Restarts ------------------------------------------------------------------------
@@ -293,7 +170,7 @@ void start_csv(const std::string& path, int64_t completed_epochs) {
       kept << line << "\n";
     }
   }
-  write_atomically(path, kept.str());
+  mnist::write_atomically(path, kept.str());
 }
 
 void append_csv(const std::string& path, int64_t epoch, double train_loss, double accuracy,
@@ -424,9 +301,13 @@ int train(const Flags& flags, const ddp::WorldInfo& world, torch::Device device,
     }
     try {
       if (!flags.checkpoint_dir.empty()) {
-        make_directories(flags.checkpoint_dir);
-        auto sidecar = read_sidecar(flags.checkpoint_dir);
+        mnist::make_directories(flags.checkpoint_dir);
+        auto sidecar = mnist::read_sidecar(flags.checkpoint_dir);
         if (sidecar && flags.resume) {
+          if (sidecar->format != flags.checkpoint_format) {
+            throw std::runtime_error("the checkpoint in " + flags.checkpoint_dir + " is in format " + sidecar->format +
+                                     "; resume it with --checkpoint-format " + sidecar->format);
+          }
           completed_epochs = sidecar->completed_epochs;
           if (sidecar->world_size != group->size() || sidecar->batch_size != flags.batch_size ||
               sidecar->seed != flags.seed) {
@@ -526,6 +407,7 @@ int train(const Flags& flags, const ddp::WorldInfo& world, torch::Device device,
     sgd = hooks->wrap_optimizer(std::move(sgd)); // local SGD: steps, then averages
   }
   torch::optim::Optimizer& optimizer = *sgd;
+  const mnist::Trained trained{model ? &*model : nullptr, fsdp ? &*fsdp : nullptr, &optimizer};
 
   // Each rank's share, reshuffled every epoch from seed + epoch. The data
   // loader must not shuffle on its own: the sampler's order is the one every
@@ -569,18 +451,12 @@ int train(const Flags& flags, const ddp::WorldInfo& world, torch::Device device,
     }
   }
   if (completed_epochs > 0) {
-    // Every rank reads the file onto its own device.
-    const std::string path = checkpoint_path(flags.checkpoint_dir, completed_epochs);
-    if (!fsdp) {
-      ddp::load_checkpoint(*model, optimizer, path);
-    } else if (ddp::sharded_checkpoint_world_size(path) == group->size()) {
-      ddp::load_sharded_checkpoint(*fsdp, optimizer, path); // each rank its own file
-    } else {
-      // Another world size: the full state, resharded; momentum starts afresh.
-      (*fsdp)->load_full_state_dict(ddp::read_sharded_checkpoint_full(path));
-    }
+    // Every rank reads the files onto its own device.
+    std::string note;
+    const std::string path = mnist::load_epoch(trained, flags.checkpoint_dir, flags.checkpoint_format,
+                                               completed_epochs, group->size(), &note);
     if (is_rank0) {
-      std::printf("mnist_train: resumed from %s: %lld of %lld epochs done%s\n", path.c_str(),
+      std::printf("mnist_train: resumed from %s%s: %lld of %lld epochs done%s\n", path.c_str(), note.c_str(),
                   static_cast<long long>(completed_epochs), static_cast<long long>(flags.epochs),
                   completed_epochs >= flags.epochs ? "; nothing left to train" : "");
     }
@@ -664,16 +540,11 @@ int train(const Flags& flags, const ddp::WorldInfo& world, torch::Device device,
       // A collective: rank 0 writes, then everyone meets at a barrier. The
       // model stays where it is (moving it to the CPU to save, as some
       // PyTorch code does, would take it out of DDP's hands).
-      const std::string path = checkpoint_path(flags.checkpoint_dir, epoch);
-      if (fsdp) {
-        ddp::save_sharded_checkpoint(*fsdp, optimizer, path);
-      } else {
-        ddp::save_checkpoint(*model, optimizer, path);
-      }
+      const std::string path = mnist::save_epoch(trained, flags.checkpoint_dir, flags.checkpoint_format, epoch);
       if (is_rank0) {
-        write_sidecar(flags.checkpoint_dir,
-                      Sidecar{epoch, group->size(), flags.batch_size, flags.seed});
-        remove_other_checkpoints(flags.checkpoint_dir, epoch);
+        mnist::write_sidecar(flags.checkpoint_dir, mnist::Sidecar{epoch, group->size(), flags.batch_size, flags.seed,
+                                                                  flags.checkpoint_format});
+        mnist::remove_other_checkpoints(flags.checkpoint_dir, epoch);
       }
       saved = "; saved " + path;
     }

@@ -15,8 +15,9 @@
 // on batches S, S+1, ..., saves what is asked, trains M steps more and
 // writes the full model state to FILE (torch.save format, rank 0).
 // --load-torch reads DIR/model.pt and DIR/optim.pt; --save-torch writes
-// them. With --device cuda the model trains on cuda:LOCAL_RANK (Gloo stages
-// its tensors through the host: 2 ranks can share one GPU). Prints
+// them. With --device cuda the model trains on cuda:LOCAL_RANK, with
+// cuda:0 on that GPU whatever the rank (with Gloo, which stages CUDA
+// tensors through the host, 2 ranks can share one GPU). Prints
 // "checkpoint_interop_main: done" at the end.
 
 #include <torch/torch.h>
@@ -115,9 +116,10 @@ int main(int argc, char** argv) {
     }
     const int rank = group ? group->rank() : 0;
     const int world = group ? group->size() : 1;
+    // "cuda": this rank's GPU, cuda:LOCAL_RANK; "cuda:0": that one for every rank.
     const torch::Device device = args.device == "cuda"
         ? torch::Device(torch::kCUDA, static_cast<c10::DeviceIndex>(ddp::world_info_from_env().local_rank))
-        : torch::Device(torch::kCPU);
+        : torch::Device(args.device);
 
     auto net = ddp_test::interop::make_model();
     net->to(device);

@@ -17,9 +17,10 @@ ddp_add_output_test(toy_model_alone EXIT 0
 # (--comm-hook localsgd, period 4) with fewer bytes; with --optimizer-sharding zero1 it
 # ends bit for bit where the unsharded run ends, resumed or not, and from an
 # unsharded checkpoint; with --fsdp it ends where DDP ends, resumed or not,
-# and a sharded checkpoint resumes on another world size (see
-# run_mnist_train_test.sh).
-foreach(mode accuracy resume restart powersgd localsgd zero1 fsdp idx)
+# and a sharded checkpoint resumes on another world size; its checkpoints
+# in DCP, torch.save and safetensors formats resume bit for bit, and DCP at
+# another world size (see run_mnist_train_test.sh).
+foreach(mode accuracy resume restart powersgd localsgd zero1 fsdp formats idx)
   add_test(NAME mnist_train_${mode}
     COMMAND sh ${CMAKE_CURRENT_SOURCE_DIR}/examples/run_mnist_train_test.sh
             $<TARGET_FILE:ddprun> $<TARGET_FILE:mnist_train>

@@ -43,6 +43,12 @@
 #     allreduce's), straight and stopped after epoch 1 and resumed from its
 #     sharded checkpoint; --fsdp grad-op too; and a 2-rank sharded checkpoint
 #     must resume on 3 ranks (through a full state) to the end.
+#   run_mnist_train_test.sh DDPRUN MNIST_TRAIN WORK_DIR formats
+#     --checkpoint-format dcp, torch and safetensors: a run stopped after
+#     epoch 1 and resumed ends bit for bit where the uninterrupted run does,
+#     under DDP and under FSDP; the checkpoint files are where the README
+#     says; and a 2-rank DCP checkpoint of FSDP resumes on 3 ranks, and as
+#     ZeroRedundancyOptimizer, to the end.
 #   run_mnist_train_test.sh DDPRUN MNIST_TRAIN WORK_DIR idx
 #     Reads a small data set in MNIST's IDX format with --data, and reports a
 #     truncated file clearly.
@@ -51,7 +57,7 @@
 set -eu
 
 if [ $# -ne 4 ]; then
-  echo "usage: $0 DDPRUN MNIST_TRAIN WORK_DIR accuracy|resume|restart|powersgd|localsgd|zero1|fsdp|idx" >&2
+  echo "usage: $0 DDPRUN MNIST_TRAIN WORK_DIR accuracy|resume|restart|powersgd|localsgd|zero1|fsdp|formats|idx" >&2
   exit 2
 fi
 ddprun=$1
@@ -287,6 +293,45 @@ case "$mode" in
       grep -q 'final parameters: checksum [0-9a-f]* (21840 values); sharded over 3 ranks' "$work/other_world.log" ||
       fail "a 2-rank sharded checkpoint did not resume on 3 ranks: $(cat "$work/other_world.log")"
     echo "OK: FSDP (full and grad-op) ends where DDP ends, straight and resumed from its sharded checkpoint (checksum $a); a 2-rank checkpoint resumes on 3 ranks"
+    ;;
+  formats)
+    common="--epochs 2 --train-size 1200 --test-size 200 --lr 0.03"
+    # shellcheck disable=SC2086 # $common is a list of flags
+    run plain $common
+    a=$(checksum "$work/plain.log")
+    [ -n "$a" ] || fail "no checksum in the DDP run's output"
+    for format in dcp torch safetensors; do
+      for wrapper in ddp fsdp; do
+        extra=""
+        [ $wrapper = fsdp ] && extra="--fsdp full"
+        ck=$format-$wrapper
+        # shellcheck disable=SC2086
+        run "$ck-stopped" $common $extra --checkpoint-dir "$work/$ck" --checkpoint-format $format --stop-after-epoch 1
+        case $format in
+          dcp) files="epoch-1.dcp" ;;
+          torch) files="epoch-1.model.pt epoch-1.optim.pt" ;;
+          safetensors) files="epoch-1.optim.pt epoch-1.safetensors" ;;
+        esac
+        [ "$(ls "$work/$ck" | grep '^epoch' | tr '\n' ' ')" = "$files " ] ||
+          fail "$ck: expected $files in $work/$ck, found $(ls "$work/$ck")"
+        cp -r "$work/$ck" "$work/$ck-epoch1"
+        # shellcheck disable=SC2086
+        run "$ck-resumed" $common $extra --checkpoint-dir "$work/$ck" --checkpoint-format $format --resume
+        b=$(checksum "$work/$ck-resumed.log")
+        [ "$a" = "$b" ] || fail "$ck: resumed, final parameters differ: checksum $a uninterrupted, $b resumed"
+      done
+    done
+    # A 2-rank FSDP checkpoint in DCP resumes on 3 ranks, and under ZeRO.
+    # shellcheck disable=SC2086
+    "$ddprun" --nproc-per-node 3 "$train" $common --checkpoint-dir "$work/dcp-fsdp-epoch1" --checkpoint-format dcp \
+      --fsdp full --resume >"$work/three.log" 2>&1 || { cat "$work/three.log"; fail "resuming on 3 ranks failed"; }
+    grep -q 'resumed from .*dcp-fsdp-epoch1/epoch-1.dcp: 1 of 2' "$work/three.log" &&
+      grep -q 'sharded over 3 ranks' "$work/three.log" || fail "no resume on 3 ranks: $(cat "$work/three.log")"
+    # shellcheck disable=SC2086
+    run as_zero $common --checkpoint-dir "$work/dcp-ddp-epoch1" --checkpoint-format dcp --optimizer-sharding zero1 --resume
+    grep -q 'resumed from .*dcp-ddp-epoch1/epoch-1.dcp: 1 of 2' "$work/as_zero.log" || fail "ZeRO did not resume epoch 1"
+    [ "$(checksum "$work/as_zero.log")" = "$a" ] || fail "DDP's DCP checkpoint resumed under ZeRO ends elsewhere"
+    echo "OK: dcp, torch and safetensors checkpoints resume bit for bit under DDP and FSDP (checksum $a); a 2-rank DCP checkpoint resumes on 3 ranks and under ZeRO"
     ;;
   idx)
     mkdir -p "$work/data"

@@ -132,3 +132,11 @@ ddp_add_gpu_parity(gpu_zero_parity_main gpu/zero_cuda_parity_main.cpp)
 # module, clip_grad_norm, bf16 mixed precision) against plain training on
 # the CPU.
 ddp_add_gpu_parity(gpu_fsdp_parity_main gpu/fsdp_cuda_parity_main.cpp)
+
+# Checkpoints written on CUDA and read by PyTorch on CUDA and the CPU, and
+# PyTorch's FSDP2 checkpoint read by ddp on CUDA (checkpoint_cuda.sh): with
+# DDP_TEST_PYTHON's PyTorch, which must have CUDA; skipped without a device.
+add_test(NAME checkpoint_cuda
+  COMMAND bash ${PROJECT_SOURCE_DIR}/tests/gpu/checkpoint_cuda.sh $<TARGET_FILE:ddprun>
+    $<TARGET_FILE:checkpoint_interop_main> ${DDP_TEST_PYTHON})
+set_tests_properties(checkpoint_cuda PROPERTIES TIMEOUT 300 LABELS gpu SKIP_RETURN_CODE 77)

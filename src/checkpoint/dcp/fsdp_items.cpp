@@ -152,8 +152,16 @@ LoadItems load_items(const Metadata& metadata, FullyShardedDataParallel& model, 
       staged->states.emplace_back(unit.shard(), nullptr);
       continue;
     }
+    // The present state is read into in place only when the checkpoint
+    // covers all of it (a parameter it lacks gets zeros in a new state).
+    bool every = true;
+    for (const auto* slot : of_unit[u]) {
+      every = every && saved.count(slot->name) == 1;
+    }
+    auto* present = every ? const_cast<torch::optim::OptimizerParamState*>(param_state(*optimizer, unit.shard()))
+                          : nullptr;
     auto made = new_state(*optimizer, group_of_unit[u], unit.shard(), names,
-                          c10::str("FSDP unit ", u, " (", of_unit[u].front()->name, ", ...)"));
+                          c10::str("FSDP unit ", u, " (", of_unit[u].front()->name, ", ...)"), present);
     bool step_read = false;
     for (const auto* slot : of_unit[u]) {
       const auto found = saved.find(slot->name);
@@ -175,7 +183,9 @@ LoadItems load_items(const Metadata& metadata, FullyShardedDataParallel& model, 
         }
       }
     }
-    staged->states.emplace_back(unit.shard(), std::move(made.state));
+    if (!made.reused) {
+      staged->states.emplace_back(unit.shard(), std::move(made.state));
+    }
   }
   items.prepare = [staged](const LoadItems& all) { staged->prepare(all, "the optimizer"); };
   items.commit = [staged] { staged->install(); };

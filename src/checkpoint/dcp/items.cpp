@@ -135,26 +135,58 @@ std::map<std::string, std::vector<std::string>> saved_states(const Metadata& met
 }
 
 NewState new_state(const torch::optim::Optimizer& optimizer, size_t group, const at::Tensor& param,
-                   const std::vector<std::string>& names, const std::string& who) {
+                   const std::vector<std::string>& names, const std::string& who,
+                   torch::optim::OptimizerParamState* present) {
   const auto* zero = dynamic_cast<const optim::ZeroRedundancyOptimizerBase*>(&optimizer);
   const auto kind =
       kind_of(zero != nullptr ? const_cast<optim::ZeroRedundancyOptimizerBase*>(zero)->local_optimizer() : optimizer);
-  torch::OrderedDict<std::string, at::Tensor> zeros;
-  for (const auto& name : names) {
-    zeros.insert(name, name == "step" ? at::scalar_tensor(0.0, at::TensorOptions(at::kFloat))
-                                      : at::zeros(param.sizes(), param.options().requires_grad(false)));
-  }
-  NewState out;
-  out.state = import_param_state(kind, optimizer.param_groups()[group].options(), zeros, param, who);
-  if (out.state) {
-    for (const auto& item : export_param_state(*out.state)) {
-      if (item.key() != "step") {
-        out.tensors.insert(item.key(), item.value()); // aliases of the new state's tensors
-      }
+  const auto& options = optimizer.param_groups()[group].options();
+  auto state_of = [&](const at::Tensor& like) {
+    torch::OrderedDict<std::string, at::Tensor> zeros;
+    for (const auto& name : names) {
+      zeros.insert(name, name == "step" ? at::scalar_tensor(0.0, at::TensorOptions(at::kFloat))
+                                        : at::zeros(like.sizes(), like.options().requires_grad(false)));
     }
-    auto* state = out.state.get();
-    out.set_step = [state](int64_t step) { set_step(*state, step); };
+    return import_param_state(kind, options, zeros, like, who);
+  };
+  // The names checked (unknown ones, those the options need) on a
+  // one-element stand-in, before anything of the parameter's size exists.
+  auto made = state_of(at::zeros({1}, at::TensorOptions(param.scalar_type())));
+  NewState out;
+  if (!made) {
+    return out;
   }
+  std::vector<std::string> wanted;
+  for (const auto& item : export_param_state(*made)) {
+    wanted.push_back(item.key());
+  }
+  if (present != nullptr) {
+    std::vector<std::string> has;
+    bool same = true;
+    for (const auto& item : export_param_state(*present)) {
+      has.push_back(item.key());
+      same = same && (item.key() == "step" || (item.value().sizes() == param.sizes() &&
+                                               item.value().scalar_type() == param.scalar_type()));
+    }
+    if (same && has == wanted) {
+      out.reused = true;
+      for (const auto& item : export_param_state(*present)) {
+        if (item.key() != "step") {
+          out.tensors.insert(item.key(), item.value()); // the present state's own tensors
+        }
+      }
+      out.set_step = [present](int64_t step) { set_step(*present, step); };
+      return out;
+    }
+  }
+  out.state = state_of(param);
+  for (const auto& item : export_param_state(*out.state)) {
+    if (item.key() != "step") {
+      out.tensors.insert(item.key(), item.value()); // aliases of the new state's tensors
+    }
+  }
+  auto* state = out.state.get();
+  out.set_step = [state](int64_t step) { set_step(*state, step); };
   return out;
 }
 
@@ -238,14 +270,17 @@ LoadItems load_items(const Metadata& metadata, torch::nn::Module& module, torch:
         staged->states.emplace_back(p, nullptr); // no state in the checkpoint: none after
         continue;
       }
-      auto made = new_state(*optimizer, g, p, found->second, c10::str("parameter ", name));
+      auto made = new_state(*optimizer, g, p, found->second, c10::str("parameter ", name),
+                            const_cast<torch::optim::OptimizerParamState*>(param_state(*staged->holder, p)));
       for (const auto& t : made.tensors) {
         items.tensors.push_back(whole_item(state_key(name, t.key()), state_path(name, t.key()), t.value()));
       }
       if (made.set_step && std::find(found->second.begin(), found->second.end(), "step") != found->second.end()) {
         items.steps.emplace_back(state_key(name, "step"), made.set_step);
       }
-      staged->states.emplace_back(p, std::move(made.state));
+      if (!made.reused) {
+        staged->states.emplace_back(p, std::move(made.state));
+      }
     }
   }
   items.prepare = [staged](const LoadItems& all) { staged->prepare(all, "the optimizer"); };

@@ -114,7 +114,9 @@ std::map<std::string, std::vector<std::string>> saved_states(const Metadata& met
 struct StagedOptimizer {
   torch::optim::Optimizer* groups = nullptr;
   torch::optim::Optimizer* holder = nullptr;
-  // Every parameter whose state the load sets; nullptr erases it.
+  // Every parameter whose state the load sets; nullptr erases it. Where
+  // the parameter's present state was read into in place (NewState's
+  // `reused`), nothing: it stays.
   std::vector<std::pair<at::Tensor, std::unique_ptr<torch::optim::OptimizerParamState>>> states;
   std::vector<std::unique_ptr<torch::optim::OptimizerOptions>> options;
   // Checks `items.group_options` (the checkpoint's, "params" included)
@@ -124,15 +126,20 @@ struct StagedOptimizer {
   void install();
 };
 
-// A new state for `param` whose tensors (zeros, to be read into) are those
-// the checkpoint has under `names`; the tensors as PyTorch names them, and
-// a setter of its step.
+// The state `param` gets from a load: its tensors, as PyTorch names them,
+// are those the checkpoint has under `names`, to be read into, and a setter
+// of its step. When `present` (the parameter's state now) holds the same
+// tensors, they are read into in place (`reused`; no second copy of the
+// optimizer's state in memory, the load's promise); else a new state of
+// zeros, installed once every read succeeded.
 struct NewState {
-  std::unique_ptr<torch::optim::OptimizerParamState> state;
+  std::unique_ptr<torch::optim::OptimizerParamState> state; // null when reused
+  bool reused = false;
   torch::OrderedDict<std::string, at::Tensor> tensors;
   std::function<void(int64_t)> set_step;
 };
 NewState new_state(const torch::optim::Optimizer& optimizer, size_t group, const at::Tensor& param,
-                   const std::vector<std::string>& names, const std::string& who);
+                   const std::vector<std::string>& names, const std::string& who,
+                   torch::optim::OptimizerParamState* present);
 
 } // namespace ddp::checkpoint::dcp
