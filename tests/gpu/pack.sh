@@ -13,6 +13,7 @@ build=$(cd "${1:?usage: pack.sh BUILD_DIR OUT_DIR}" && pwd)
 out=${2:?usage: pack.sh BUILD_DIR OUT_DIR}
 rm -rf "$out"
 mkdir -p "$out/tests" "$out/bench" "$out/examples"
+out=$(cd "$out" && pwd)
 
 programs=(ddprun examples/toy_model bench/gpu_ddp_step_bench bench/zero_bench bench/fsdp_bench
           tests/checkpoint_interop_main tests/gpu_ddp_parity_main tests/gpu_zero_parity_main tests/gpu_fsdp_parity_main)
@@ -33,4 +34,6 @@ strip --strip-debug "$out"/libddp.so.*.*.*
   cp "$f" "$out/$f"
 done)
 echo "$build" > "$out/.packed_from"
+# The interpreter the tests were configured with, which unpack.sh replaces.
+sed -n 's/^DDP_TEST_PYTHON:FILEPATH=//p' "$build/CMakeCache.txt" > "$out/.packed_python"
 du -sh "$out"

@@ -11,10 +11,13 @@ python=${2:-python3}
 root=$(cd "$(dirname "${BASH_SOURCE[0]}")/../.." && pwd)
 from=$(cat "$build/.packed_from")
 source_from=$(dirname "$from")
-find "$build" -name CTestTestfile.cmake -print0 | xargs -0 sed -i -e "s#$from#$build#g" -e "s#$source_from#$root#g"
+python_from=$(cat "$build/.packed_python")
+python_path=$(command -v "$python")
+find "$build" -name CTestTestfile.cmake -print0 |
+  xargs -0 sed -i -e "s#\"$python_from\"#\"$python_path\"#g" -e "s#$from#$build#g" -e "s#$source_from#$root#g"
 site=$("$python" -c 'import torch, os; print(os.path.dirname(os.path.dirname(torch.__file__)))')
 libs=$site/torch/lib
-for d in "$site"/nvidia/*/lib "$site"/nvidia/cu*/lib; do
+for d in "$site"/nvidia/*/lib; do
   [[ -d $d ]] && libs=$libs:$d
 done
 echo "export LD_LIBRARY_PATH=$build:$libs\${LD_LIBRARY_PATH:+:\$LD_LIBRARY_PATH}"

@@ -17,7 +17,8 @@
 # bench/gpu/zero_step_bench.py) and FSDP's against PyTorch's FSDP
 # (bench/fsdp_bench.cpp --device cuda, bench/gpu/fsdp_step_bench.py).
 # DDP_VERIFY_BENCH=0 leaves the benchmarks out; DDP_VERIFY_ROUNDS=R sets
-# their rounds (default 3). Exits non-zero when a check
+# their rounds (default 3); DDP_VERIFY_VERBOSE=1 shows every GPU test's
+# output (ctest -V), not only a failed one's. Exits non-zero when a check
 # fails; benchmark ratios never fail it.
 set -uo pipefail
 
@@ -48,7 +49,9 @@ nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader ||
 "$python" -c 'import torch; print("torch", torch.__version__, "cuda", torch.version.cuda, "nccl", torch.cuda.nccl.version())' || true
 
 step "CTest, label gpu"
-check ctest-gpu ctest --test-dir "$build" -L gpu --output-on-failure --timeout 300
+verbose=()
+[[ ${DDP_VERIFY_VERBOSE:-0} == 1 ]] && verbose=(-V)
+check ctest-gpu ctest --test-dir "$build" -L gpu --output-on-failure --timeout 300 "${verbose[@]}"
 
 step "DDP, ZeRO and FSDP parity on CUDA, 2 ranks"
 for program in gpu_ddp_parity_main gpu_zero_parity_main gpu_fsdp_parity_main; do
