@@ -87,7 +87,7 @@ int main(int argc, char** argv) {
     double shard_bytes = 0, largest = 0;
     for (const auto& p : model->parameters()) {
       shard_bytes += static_cast<double>(p.nbytes()) * 3; // the shard, exp_avg, exp_avg_sq
-      largest = std::max(largest, static_cast<double>(p.nbytes()) / group->size());
+      largest = std::max(largest, static_cast<double>(p.nbytes())); // a unit's shard: its largest piece
     }
     for (int64_t round = 0; round < rounds; ++round) {
       auto timed = [&](auto&& body, double* extra_mb) {
@@ -107,7 +107,7 @@ int main(int argc, char** argv) {
       std::printf("dcp_bench impl=ddp world=%d params=%lld rank=%d round=%lld save_s=%.3f load_s=%.3f "
                   "save_extra_mb=%.1f load_extra_mb=%.1f shard_mb=%.1f largest_piece_mb=%.1f\n",
                   group->size(), static_cast<long long>(params), group->rank(), static_cast<long long>(round),
-                  save_s, load_s, save_extra, load_extra, shard_bytes / 1e6 / 1.048576, largest / 1048576.0);
+                  save_s, load_s, save_extra, load_extra, shard_bytes / 1048576.0, largest / 1048576.0);
       std::fflush(stdout);
     }
     ddp::destroy_process_group();

@@ -43,7 +43,12 @@ std::string hex64(uint64_t value);
 // Thread-safety: none; used by rank 0's calling thread.
 class NewFile {
  public:
-  explicit NewFile(std::string path) : path_(std::move(path)) {
+  // Whether to keep the checksum of what is written (a pass over every
+  // byte): the files a manifest names need it, DCP's chunk files do not.
+  enum class Checksummed { kYes, kNo };
+
+  explicit NewFile(std::string path, Checksummed checksummed = Checksummed::kYes)
+      : path_(std::move(path)), checksummed_(checksummed == Checksummed::kYes) {
     fd_ = ::open(path_.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0666);
     if (fd_ < 0) {
       throw std::runtime_error(c10::str("cannot create '", path_, "': ", errno_text(errno)));
@@ -76,7 +81,9 @@ class NewFile {
       }
       done += static_cast<size_t>(n);
     }
-    checksum_.feed(data, done);
+    if (checksummed_) {
+      checksum_.feed(data, done);
+    }
     return done;
   }
 
@@ -118,6 +125,7 @@ class NewFile {
 
  private:
   std::string path_;
+  bool checksummed_;
   int fd_ = -1;
   int error_ = 0;
   Checksum checksum_;

@@ -276,7 +276,7 @@ std::string write_rank_file(const SaveItems& items, const std::vector<std::tuple
   if (writes.empty()) {
     return out.take();
   }
-  internal::NewFile file(dir + "/" + name);
+  internal::NewFile file(dir + "/" + name, internal::NewFile::Checksummed::kNo);
   int64_t written = 0;
   ArchiveWriter writer = [&](const void* data, size_t size) {
     const size_t n = file.write(data, size);
