@@ -33,7 +33,7 @@ int main() {
     ddp::destroy_process_group();
     return ok ? 0 : 1;
   } catch (const std::exception& e) {
-    std::fprintf(stderr, "allreduce_example: %s\n", e.what());
+    std::fprintf(stderr, "allreduce_example: %s\n", ddp::error_message(e).c_str());
     return 1;
   }
 }

@@ -334,7 +334,7 @@ int train(const Flags& flags, const ddp::WorldInfo& world, torch::Device device,
         start_csv(flags.csv, completed_epochs);
       }
     } catch (const std::exception& e) {
-      prepare_error = e.what();
+      prepare_error = ddp::error_message(e);
       completed_epochs = -1;
     }
   }
@@ -619,7 +619,7 @@ int main(int argc, char** argv) {
     try {
       world = ddp::world_info_from_env();
     } catch (const c10::Error& e) {
-      throw FlagError(e.what_without_backtrace()); // a malformed RANK, WORLD_SIZE, ...
+      throw FlagError(ddp::error_message(e)); // a malformed RANK, WORLD_SIZE, ...
     }
     const torch::Device device = pick_device(world);
     return train(flags, world, device, restart_count);
@@ -627,10 +627,10 @@ int main(int argc, char** argv) {
     std::fprintf(stderr, "mnist_train: %s\nRun 'mnist_train --help' for the flags.\n", e.what());
     return 2;
   } catch (const c10::Error& e) {
-    std::fprintf(stderr, "mnist_train: %s\n", e.what_without_backtrace());
+    std::fprintf(stderr, "mnist_train: %s\n", ddp::error_message(e).c_str());
     return 1;
   } catch (const std::exception& e) {
-    std::fprintf(stderr, "mnist_train: %s\n", e.what());
+    std::fprintf(stderr, "mnist_train: %s\n", ddp::error_message(e).c_str());
     return 1;
   }
 }

@@ -280,7 +280,7 @@ int main(int argc, char** argv) {
     try {
       world = ddp::world_info_from_env();
     } catch (const c10::Error& e) {
-      throw UsageError(e.what_without_backtrace()); // a malformed RANK, WORLD_SIZE, ...
+      throw UsageError(ddp::error_message(e)); // a malformed RANK, WORLD_SIZE, ...
     }
     const torch::Device device = pick_device(world);
 
@@ -298,13 +298,13 @@ int main(int argc, char** argv) {
     cleanup();
     return ok ? 0 : 1;
   } catch (const UsageError& e) {
-    std::fprintf(stderr, "toy_model: %s\n", e.what());
+    std::fprintf(stderr, "toy_model: %s\n", ddp::error_message(e).c_str());
     return 2;
   } catch (const c10::Error& e) {
-    std::fprintf(stderr, "toy_model: %s\n", e.what_without_backtrace());
+    std::fprintf(stderr, "toy_model: %s\n", ddp::error_message(e).c_str());
     return 1;
   } catch (const std::exception& e) {
-    std::fprintf(stderr, "toy_model: %s\n", e.what());
+    std::fprintf(stderr, "toy_model: %s\n", ddp::error_message(e).c_str());
     return 1;
   }
 }

@@ -4,8 +4,10 @@
 
 #include <vector>
 
+#include <ddp/comm/error.h>
 #include <ddp/comm/object_collectives.h>
 
+#include "comm/collective_label.h"
 #include "internal/check.h"
 
 namespace ddp::checkpoint {
@@ -22,10 +24,13 @@ void all_ranks_agree(const std::shared_ptr<ProcessGroup>& group, const std::stri
   } catch (const c10::Error& e) {
     error = e.what_without_backtrace();
   } catch (const std::exception& e) {
-    error = e.what();
+    error = error_message(e);
   }
   std::vector<std::string> outcomes; // "" for success, "!" + the error
-  all_gather_bytes(outcomes, error.empty() ? std::string() : "!" + error, group);
+  {
+    internal::CollectiveLabel label(prefix.substr(prefix.find("] ") == std::string::npos ? 0 : prefix.find("] ") + 2));
+    all_gather_bytes(outcomes, error.empty() ? std::string() : "!" + error, group);
+  }
   for (size_t r = 0; r < outcomes.size(); ++r) {
     if (!outcomes[r].empty()) {
       const std::string text = outcomes[r].substr(1);

@@ -7,6 +7,7 @@
 // [8 + N + begin, 8 + N + end), row-major, little-endian, one after the
 // other with no gap (the reference reader refuses gaps and overlaps).
 
+#include <ddp/comm/error.h>
 #include <ddp/checkpoint/safetensors.h>
 
 #include <ATen/ATen.h>
@@ -96,7 +97,7 @@ Header read_header(const checkpoint::FileRange& file, const std::string& path) {
   try {
     root = json::parse(text);
   } catch (const std::exception& e) {
-    DDP_CHECK(false, where, " is not a safetensors file: its header is not JSON (", e.what(), ")");
+    DDP_CHECK(false, where, " is not a safetensors file: its header is not JSON (", error_message(e), ")");
   }
   DDP_CHECK(root.is(json::Value::Kind::kObject), where, ": its header is not a JSON object");
   Header header;
@@ -225,7 +226,7 @@ void save_safetensors(const StateDict& state, const std::string& path,
     throw;
   } catch (const std::exception& e) {
     std::remove(tmp.c_str());
-    DDP_CHECK(false, "save_safetensors: ", e.what());
+    DDP_CHECK(false, "save_safetensors: ", error_message(e));
   }
   internal::sync_directory(internal::directory_of(path));
 }
@@ -235,7 +236,7 @@ StateDict load_safetensors(const std::string& path) {
   try {
     file = std::make_unique<checkpoint::FileRange>(path);
   } catch (const std::exception& e) {
-    DDP_CHECK(false, "load_safetensors: ", e.what());
+    DDP_CHECK(false, "load_safetensors: ", error_message(e));
   }
   const Header header = read_header(*file, path);
   StateDict state;
@@ -254,7 +255,7 @@ std::map<std::string, std::string> safetensors_metadata(const std::string& path)
   try {
     file = std::make_unique<checkpoint::FileRange>(path);
   } catch (const std::exception& e) {
-    DDP_CHECK(false, "safetensors_metadata: ", e.what());
+    DDP_CHECK(false, "safetensors_metadata: ", error_message(e));
   }
   return read_header(*file, path).metadata;
 }

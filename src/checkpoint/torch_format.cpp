@@ -1,6 +1,7 @@
 // State dicts in torch.save's format (torch_format.h): the conversions
 // between ddp's state dicts and the pickled objects Python writes.
 
+#include <ddp/comm/error.h>
 #include <ddp/checkpoint/torch_format.h>
 
 #include <c10/util/StringUtil.h>
@@ -249,7 +250,7 @@ auto with_c10_errors(const char* op, Body body) -> decltype(body()) {
   } catch (const c10::Error&) {
     throw;
   } catch (const std::exception& e) {
-    DDP_CHECK(false, op, ": ", e.what());
+    DDP_CHECK(false, op, ": ", error_message(e));
   }
 }
 

@@ -13,6 +13,7 @@ ddp_add_part(ddp_comm
   src/comm/process_group_composite.cpp
   src/comm/monitored_barrier.cpp
   src/comm/fingerprint.cpp
+  src/comm/collective_label.cpp
   src/comm/alltoall_splits.cpp
   src/comm/batch_p2p.cpp
   src/comm/objects/object_collectives.cpp
@@ -25,6 +26,7 @@ ddp_add_part(ddp_comm
   src/comm/slurm_env.cpp
   src/comm/subgroups.cpp
   src/flight_recorder/flight_recorder.cpp
+  src/flight_recorder/dump_directory.cpp
   src/timeline/timeline.cpp)
 
 # The backends' parts reuse this precompiled <ATen/ATen.h> (set in their

@@ -38,6 +38,8 @@
 // comm/nccl/nccl_watchdog.cpp, which checks the same hash on the GPU, in the
 // collective's own launch, and compares stalled collectives as Gloo does.
 
+#include <ddp/comm/error.h>
+
 #include "comm/fingerprint.h"
 
 #include <c10/util/ArrayRef.h>
@@ -117,12 +119,22 @@ std::string Fingerprint::shape() const {
   return text;
 }
 
+namespace {
+std::string labelled(const std::string& text, const std::string& label) {
+  return label.empty() ? text : text + " (" + label + ")";
+}
+} // namespace
+
 std::string Fingerprint::describe() const {
-  return c10::str(op, " #", seq, " with ", shape());
+  return labelled(c10::str(op, " #", seq, " with ", shape()), label);
 }
 
 std::string Fingerprint::key() const {
   return op + "|" + shape();
+}
+
+std::string Fingerprint::published() const {
+  return key() + '\x1f' + label;
 }
 
 uint32_t Fingerprint::hash24() const {
@@ -134,13 +146,17 @@ int64_t Fingerprint::hash63() const {
   return static_cast<int64_t>(hash_of(*this) >> 1);
 }
 
-std::string mismatch_message(const Fingerprint& mine, int their_rank, const std::string& their_key) {
+std::string mismatch_message(const Fingerprint& mine, int their_rank, const std::string& their_published) {
+  const auto separator = their_published.find('\x1f');
+  const std::string their_key = their_published.substr(0, separator);
+  const std::string their_label = separator == std::string::npos ? "" : their_published.substr(separator + 1);
   const auto bar = their_key.find('|');
   const std::string their_op = bar == std::string::npos ? their_key : their_key.substr(0, bar);
   const std::string their_shape = bar == std::string::npos ? "" : their_key.substr(bar + 1);
   // The op once when both called the same one.
-  const std::string this_rank = their_op == mine.op ? mine.shape() : mine.describe();
-  return c10::str("rank ", their_rank, " called ", their_op, " #", mine.seq, " with ", their_shape,
+  const std::string this_rank = their_op == mine.op ? labelled(mine.shape(), mine.label) : mine.describe();
+  return c10::str("rank ", their_rank, " called ", labelled(c10::str(their_op, " #", mine.seq, " with ", their_shape),
+                                                            their_label),
                   ", this rank ", this_rank);
 }
 
@@ -162,7 +178,7 @@ std::optional<std::string> FingerprintExchange::publish_and_compare(const Finger
   auto entry = std::find_if(published_.begin(), published_.end(),
                             [&](const auto& p) { return p.first == fingerprint.seq; });
   if (entry == published_.end()) {
-    store_->set(key(fingerprint.seq, rank_), mine);
+    store_->set(key(fingerprint.seq, rank_), fingerprint.published());
     if (published_.size() >= 4) {
       published_.erase(published_.begin());
     }
@@ -175,7 +191,7 @@ std::optional<std::string> FingerprintExchange::publish_and_compare(const Finger
       continue;
     }
     const std::string theirs = store_->get_string(key(fingerprint.seq, r));
-    if (theirs != mine) {
+    if (theirs.substr(0, theirs.find('\x1f')) != mine) { // the label is not compared
       return mismatch_message(fingerprint, r, theirs);
     }
     agreed[r] = true;
@@ -220,7 +236,7 @@ std::string explain_hash_difference(FingerprintExchange& exchange, const Fingerp
       std::this_thread::sleep_for(interval);
     }
   } catch (const std::exception& e) {
-    return c10::str(differ, "; the store could not be read to say how: ", e.what());
+    return c10::str(differ, "; the store could not be read to say how: ", error_message(e));
   }
 }
 

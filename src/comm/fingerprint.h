@@ -16,6 +16,8 @@
 #include <ddp/comm/types.h>
 #include <ddp/store/store.h>
 
+#include "comm/collective_label.h"
+
 namespace ddp::internal {
 
 // What one rank's call of a collective is: two ranks' calls of the same
@@ -39,13 +41,18 @@ struct Fingerprint {
   static constexpr int64_t kUneven = -2;
   std::optional<ReduceOp> reduce;           // reductions only
   int root = -1;                            // rooted collectives only
+  // Who issued it (comm/collective_label.h): shown, not compared.
+  std::string label = current_collective_label();
 
-  // "allreduce #4 with float32[1000] SUM": what messages quote.
+  // "allreduce #4 with float32[1000] SUM (ZeRO step)": what messages quote.
   std::string describe() const;
   // The call without the op name and sequence number: "float32[1000] SUM".
   std::string shape() const;
   // What two ranks compare: "allreduce|float32[1000] SUM".
   std::string key() const;
+  // What a rank publishes for the others: key(), then the label after a
+  // unit separator ('\x1f').
+  std::string published() const;
   // 24 bits of a hash of everything but the sequence number.
   uint32_t hash24() const;
   // 63 bits of the same hash (non-negative as an int64_t), for the MPI
@@ -54,9 +61,10 @@ struct Fingerprint {
 };
 
 // The message of a mismatch between `mine` and what rank `their_rank`
-// published for the same sequence number (its `key()`): "rank 0 called
-// allreduce #4 with float32[1000] SUM, this rank float32[2000] SUM".
-std::string mismatch_message(const Fingerprint& mine, int their_rank, const std::string& their_key);
+// published for the same sequence number (its `published()`): "rank 0
+// called allreduce #4 with float32[1000] SUM (DDP buffer broadcast), this
+// rank float32[2000] SUM (SyncBatchNorm 'bn1' forward)".
+std::string mismatch_message(const Fingerprint& mine, int their_rank, const std::string& their_published);
 
 // The Gloo tag of a collective: its sequence number (low 8 bits: at most
 // two collectives are in flight at once, and a rank can run ahead of its

@@ -645,7 +645,7 @@ void destroy_process_group() {
     } catch (const std::exception& e) {
       internal::log_warning(c10::str(
           "[rank 0/", env_store->world_size, "] destroy_process_group: closing the store server "
-          "although not every rank has finished its rendezvous: ", e.what()));
+          "although not every rank has finished its rendezvous: ", error_message(e)));
     }
   }
   // Our connections first, then (on rank 0) the server, which closes every

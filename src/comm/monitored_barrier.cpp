@@ -99,7 +99,7 @@ void ProcessGroup::monitored_barrier(std::chrono::milliseconds timeout, bool wai
       work->wait(left_until(deadline));
     } catch (const std::exception& e) {
       late.push_back(r);
-      first_error = first_error.empty() ? e.what() : first_error;
+      first_error = first_error.empty() ? error_message(e) : first_error;
     }
   }
   std::sort(late.begin(), late.end());

@@ -422,7 +422,7 @@ void destroy_subgroups() noexcept {
       it->group->wait_for_pending_work();
     } catch (const std::exception& e) {
       log_warning(c10::str("destroy_process_group: group ", it->label, " (ranks ",
-                           join_ranks(it->ranks), "): ", e.what()));
+                           join_ranks(it->ranks), "): ", error_message(e)));
     }
     it->group.reset();
   }

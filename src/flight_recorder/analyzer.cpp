@@ -40,11 +40,18 @@ std::string seconds(int64_t us) {
 
 // Reads one dump, written by global rank `rank` (from its file name), into
 // `groups`; throws std::runtime_error saying what is wrong.
-void read_dump(const std::string& path, int rank, std::map<std::string, GroupView>& groups) {
+// Which job a dump is of: its "job" and "world_size" fields (absent from
+// PyTorch's dumps and from ddp's before version 0.2: "" and 0).
+struct DumpOrigin {
+  std::string job;
+  int world_size = 0;
+};
+
+DumpOrigin read_dump(const std::string& path, int rank, std::map<std::string, GroupView>& groups) {
   const json::Value dump = json::parse(internal::read_bounded_file(path, kMaxFileBytes));
   if (is_pytorch_dump(dump)) {
     read_pytorch_dump(dump, rank, groups);
-    return;
+    return {};
   }
   if (!dump.is(json::Value::Kind::kObject) || dump.string_or("schema", "") != "ddp-flight-recorder") {
     throw std::runtime_error(
@@ -76,6 +83,10 @@ void read_dump(const std::string& path, int rank, std::map<std::string, GroupVie
       Record r;
       r.op = e.string_or("op", "?");
       r.shape = e.string_or("shape", "");
+      // Who issued it (ddp's own callers), shown with the call.
+      if (const std::string label = e.string_or("label", ""); !label.empty()) {
+        r.shape += " (" + label + ")";
+      }
       r.state = e.string_or("state", "?");
       r.error = e.string_or("error", "");
       r.queued_us = e.int_or("queued_us", 0);
@@ -83,6 +94,7 @@ void read_dump(const std::string& path, int rank, std::map<std::string, GroupVie
       view.by_seq[e.int_or("seq", -1)] = std::move(r);
     }
   }
+  return {dump.string_or("job", ""), static_cast<int>(dump.int_or("world_size", 0))};
 }
 
 std::string first_line(const std::string& text) {
@@ -247,6 +259,13 @@ int rank_of_file(std::string name) {
   return rank;
 }
 
+// " job 'ddprun-host-12' (world size 2): rank(s) 0, 1", for the refusal
+// of mixed jobs.
+std::string describe_job(const std::string& job, int world_size, const std::string& ranks, bool first) {
+  return std::string(first ? " " : "; ") + (job.empty() ? std::string("a job that names none") : "job '" + job + "'") +
+         (world_size > 0 ? " (world size " + std::to_string(world_size) + ")" : std::string()) + ": rank(s) " + ranks;
+}
+
 } // namespace
 
 int analyze_directory(const std::string& dir, std::FILE* out, std::FILE* err) {
@@ -266,9 +285,12 @@ int analyze_directory(const std::string& dir, std::FILE* out, std::FILE* err) {
   std::sort(files.begin(), files.end());
   std::map<std::string, GroupView> groups;
   size_t read = 0;
+  // The jobs the dumps come from: each (job, world size) with its ranks.
+  std::map<std::pair<std::string, int>, std::vector<int>> jobs;
   for (const auto& [file, rank] : files) {
     try {
-      read_dump(dir + "/" + file, rank, groups);
+      const DumpOrigin origin = read_dump(dir + "/" + file, rank, groups);
+      jobs[{origin.job, origin.world_size}].push_back(rank);
       ++read;
     } catch (const std::exception& e) {
       std::fprintf(err, "ddprun --analyze: skipping %s/%s: %s\n", dir.c_str(), file.c_str(), e.what());
@@ -280,6 +302,22 @@ int analyze_directory(const std::string& dir, std::FILE* out, std::FILE* err) {
                  "rank writes there when DDP_FLIGHT_RECORDER_DIR names it, or PyTorch's JSON dumps named "
                  "<prefix>rank_<R>)\n",
                  dir.c_str());
+    return 1;
+  }
+  if (jobs.size() > 1) {
+    std::string list;
+    for (const auto& [job, ranks] : jobs) {
+      std::string numbers;
+      for (const int r : ranks) {
+        numbers += (numbers.empty() ? "" : ", ") + std::to_string(r);
+      }
+      list += describe_job(job.first, job.second, numbers, list.empty());
+    }
+    std::fprintf(err,
+                 "ddprun --analyze: %s holds the dumps of %zu jobs:%s; a verdict on a mix would be wrong: "
+                 "analyze one job's dumps (each job writes to a folder of its own, "
+                 "$TMPDIR/ddp_flight_recorder/<job>, unless DDP_FLIGHT_RECORDER_DIR names one for all)\n",
+                 dir.c_str(), jobs.size(), list.c_str());
     return 1;
   }
   std::fprintf(out, "ddprun --analyze: %zu dump(s) in %s\n", read, dir.c_str());

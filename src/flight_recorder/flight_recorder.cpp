@@ -19,6 +19,7 @@
 // and names the rank at fault (src/flight_recorder/analyzer.cpp).
 
 #include "flight_recorder/flight_recorder.h"
+#include "flight_recorder/dump_directory.h"
 
 #include <c10/util/Exception.h>
 #include <c10/util/StringUtil.h>
@@ -35,6 +36,7 @@
 #include <cstring>
 #include <thread>
 
+#include <ddp/comm/error.h>
 #include <ddp/comm/flight_recorder.h>
 
 #include "internal/check.h"
@@ -74,6 +76,7 @@ struct FlightRecorderRegistry {
   std::mutex mutex;
   std::vector<std::weak_ptr<FlightRecorder>> recorders;
   int rank = -1; // the first group's rank
+  int size = 0;  // and its size
 };
 
 namespace {
@@ -151,14 +154,6 @@ const char* state_name(FlightRecorder::State state) {
   return "unknown";
 }
 
-std::string dump_directory() {
-  if (const auto dir = env_get(kEnvFlightRecorderDir); dir && !dir->empty()) {
-    return *dir;
-  }
-  const char* tmp = std::getenv("TMPDIR");
-  return std::string(tmp != nullptr && *tmp != '\0' ? tmp : "/tmp") + "/ddp_flight_recorder";
-}
-
 } // namespace
 
 std::shared_ptr<FlightRecorder> FlightRecorder::create(std::string group, std::string backend, int rank,
@@ -181,6 +176,7 @@ std::shared_ptr<FlightRecorder> FlightRecorder::create(std::string group, std::s
   std::lock_guard<std::mutex> lock(r.mutex);
   if (r.rank < 0) {
     r.rank = rank;
+    r.size = size;
   }
   r.recorders.erase(std::remove_if(r.recorders.begin(), r.recorders.end(),
                                    [](const auto& weak) { return weak.expired(); }),
@@ -212,6 +208,7 @@ uint64_t FlightRecorder::queued(const Fingerprint& fingerprint) {
   entry.numel = fingerprint.numel;
   entry.reduce = fingerprint.reduce ? to_string(*fingerprint.reduce) : "";
   entry.root = fingerprint.root;
+  entry.label = fingerprint.label;
   entry.queued_us = now_us();
   std::lock_guard<std::mutex> lock(mutex_);
   entry.id = next_id_++;
@@ -247,10 +244,12 @@ void FlightRecorder::update(uint64_t id, State state, const std::string* error) 
   }
   // A collective that failed before it started spans its time in the queue.
   const int64_t start = ended.started_us != 0 ? ended.started_us : ended.queued_us;
-  timeline_->complete(timeline_track_, ended.op, start, ended.completed_us,
+  timeline_->complete(timeline_track_, ended.label.empty() ? ended.op : ended.op + " (" + ended.label + ")", start,
+                      ended.completed_us,
                       TimelineArgs()
                           .add("seq", static_cast<int64_t>(ended.seq))
                           .add("shape", ended.shape)
+                          .add("label", ended.label)
                           .add("queued_us", start - ended.queued_us)
                           .add("state", std::string(state_name(ended.state)))
                           .take());
@@ -278,7 +277,7 @@ void FlightRecorder::failed(uint64_t id, const std::exception_ptr& error, bool d
   } catch (const c10::Error& e) {
     what = e.what_without_backtrace();
   } catch (const std::exception& e) {
-    what = e.what();
+    what = error_message(e);
   } catch (...) {
   }
   failed(id, what, dump);
@@ -308,9 +307,11 @@ namespace {
 std::string json_of(Registry& r, const std::string& reason) {
   std::vector<std::shared_ptr<FlightRecorder>> live;
   int rank = -1;
+  int size = 0;
   {
     std::lock_guard<std::mutex> lock(r.mutex);
     rank = r.rank;
+    size = r.size;
     for (const auto& weak : r.recorders) {
       if (auto recorder = weak.lock()) {
         live.push_back(std::move(recorder));
@@ -320,7 +321,9 @@ std::string json_of(Registry& r, const std::string& reason) {
   char host[256] = {0};
   ::gethostname(host, sizeof(host) - 1);
   std::string out = "{\"schema\": \"ddp-flight-recorder\", \"version\": 1";
-  out += c10::str(", \"rank\": ", rank, ", \"pid\": ", ::getpid(), ", \"host\": ");
+  out += c10::str(", \"rank\": ", rank, ", \"world_size\": ", size, ", \"job\": ");
+  append_json_string(out, flight_recorder::job_name());
+  out += c10::str(", \"pid\": ", ::getpid(), ", \"host\": ");
   append_json_string(out, host);
   out += ", \"reason\": ";
   append_json_string(out, reason);
@@ -343,7 +346,9 @@ std::string json_of(Registry& r, const std::string& reason) {
       append_json_string(out, e.dtype);
       out += c10::str(", \"numel\": ", e.numel, ", \"reduce\": ");
       append_json_string(out, e.reduce);
-      out += c10::str(", \"root\": ", e.root, ", \"state\": \"", state_name(e.state), "\", \"queued_us\": ",
+      out += c10::str(", \"root\": ", e.root, ", \"label\": ");
+      append_json_string(out, e.label);
+      out += c10::str(", \"state\": \"", state_name(e.state), "\", \"queued_us\": ",
                       e.queued_us, ", \"started_us\": ", e.started_us, ", \"completed_us\": ", e.completed_us,
                       ", \"error\": ");
       append_json_string(out, e.error);
@@ -371,7 +376,7 @@ std::string dump_with(Registry& r, const std::string& reason) {
       return "";
     }
     const std::string text = json_of(r, reason);
-    const std::string dir = dump_directory();
+    const std::string dir = flight_recorder::dump_directory();
     const std::string path = c10::str(dir, "/rank_", rank, ".json");
     const std::string problem = replace_file(path, text);
     if (!problem.empty()) {
@@ -381,7 +386,7 @@ std::string dump_with(Registry& r, const std::string& reason) {
     }
     return path;
   } catch (const std::exception& e) {
-    log_warning(c10::str("flight recorder: could not write its dump: ", e.what()));
+    log_warning(c10::str("flight recorder: could not write its dump: ", error_message(e)));
     return "";
   } catch (...) {
     return "";

@@ -36,6 +36,7 @@ class FlightRecorder {
     int64_t numel = 0;
     std::string reduce; // "" for none
     int root = -1;
+    std::string label; // who issued it (comm/collective_label.h), or ""
     State state = State::kQueued;
     int64_t queued_us = 0; // microseconds since the Unix epoch
     int64_t started_us = 0;

@@ -8,6 +8,7 @@
 
 #include <utility>
 
+#include "comm/collective_label.h"
 #include "internal/check.h"
 
 namespace ddp::fsdp {
@@ -132,6 +133,7 @@ void FlatUnit::start_gather() {
     full_.copy_(gather_input_);
     gather_work_.reset();
   } else {
+    internal::CollectiveLabel label(c10::str("FSDP unit ", label_, " all-gather"));
     gather_work_ = config_.shard_group->allgather_into_tensor(full_, gather_input_);
   }
   state_ = State::kGathering;
@@ -233,10 +235,12 @@ void FlatUnit::start_reduce() {
     reduce_out_ = reduce_in_;
     reduce_work_.reset();
   } else if (reduce_in_shared_) {
+    internal::CollectiveLabel label(c10::str("FSDP unit ", label_, " gradient reduction"));
     reduce_work_ = config_.shard_group->allreduce(reduce_in_);
     reduce_out_ = reduce_in_.narrow(0, shard_rank_ * shard_numel_, shard_numel_);
   } else {
     reduce_out_ = config_.pool->take(shard_numel_, reduce_in_.options());
+    internal::CollectiveLabel label(c10::str("FSDP unit ", label_, " reduce-scatter"));
     reduce_work_ =
         config_.shard_group->reduce_scatter(reduce_out_, reduce_in_.split(shard_numel_), ReduceScatterOptions{});
   }
@@ -259,6 +263,7 @@ void FlatUnit::finish_reduce() {
     config_.pool->recycle(reduce_in_); // (kept when it is `reduced`: one rank)
   }
   if (config_.replicate_group && config_.replicate_group->size() > 1) {
+    internal::CollectiveLabel label(c10::str("FSDP unit ", label_, " allreduce across replicas"));
     config_.replicate_group->allreduce(reduced)->wait();
   }
   if (config_.postdivide != 1) {
@@ -288,6 +293,7 @@ at::Tensor FlatUnit::gather_flat(const at::Tensor& shard_like) {
     return shard_like.detach().clone();
   }
   auto full = torch::empty({padded_numel()}, shard_like.options().requires_grad(false));
+  internal::CollectiveLabel label(c10::str("FSDP unit ", label_, " full state"));
   config_.shard_group->allgather_into_tensor(full, shard_like.detach().contiguous())->wait();
   return full;
 }

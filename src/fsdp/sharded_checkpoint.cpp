@@ -22,6 +22,7 @@
 // (every file written, no commit), "sharded-committed" (the rename done,
 // old files not yet removed).
 
+#include <ddp/comm/error.h>
 #include <ddp/nn/sharded_checkpoint.h>
 
 #include <torch/optim/optimizer.h>
@@ -277,7 +278,7 @@ void save(FullyShardedDataParallel& model, torch::optim::Optimizer* optimizer, c
     bytes = file.checksum().size();
     checksum = file.checksum().value();
   } catch (const std::exception& e) {
-    error = e.what();
+    error = error_message(e);
   }
   auto mine = torch::tensor({error.empty() ? int64_t{1} : int64_t{0}, static_cast<int64_t>(bytes),
                              static_cast<int64_t>(checksum)},
@@ -320,7 +321,7 @@ void save(FullyShardedDataParallel& model, torch::optim::Optimizer* optimizer, c
       internal::sync_directory(internal::directory_of(path));
       internal::crash_point("sharded-committed");
     } catch (const std::exception& e) {
-      commit_error = e.what();
+      commit_error = error_message(e);
     }
   }
   auto committed = torch::tensor({commit_error.empty() ? int64_t{1} : int64_t{0}}, torch::kLong).to(device);

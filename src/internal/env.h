@@ -96,8 +96,14 @@ inline constexpr EnvVar kEnvFlightRecorderSize{"DDP_FLIGHT_RECORDER_SIZE", "2000
     "recorder]); 0 turns it off. A whole number up to 1000000."};
 inline constexpr EnvVar kEnvFlightRecorderDir{"DDP_FLIGHT_RECORDER_DIR", nullptr,
     "Where each rank writes its flight recorder dump, rank_<R>.json, when a collective fails, on "
-    "SIGUSR1 and on ddp::dump_flight_recorder(). Unset: $TMPDIR/ddp_flight_recorder (/tmp when "
-    "TMPDIR is unset). `ddprun --analyze DIR` reads them."};
+    "SIGUSR1 and on ddp::dump_flight_recorder(). Unset: $TMPDIR/ddp_flight_recorder/<job> (/tmp "
+    "when TMPDIR is unset), a folder per job (src/flight_recorder/dump_directory.h names it). "
+    "`ddprun --analyze DIR` reads them."};
+inline constexpr EnvVar kEnvJobId{"DDP_JOB_ID", nullptr,
+    "The job's name, the same on every rank: ddprun sets it for the ranks it starts "
+    "(ddprun-<host>-<pid>, or on several nodes the rendezvous' id or address); it names the "
+    "job's flight recorder folder and is written in each dump. Unset: torchrun's "
+    "TORCHELASTIC_RUN_ID, Slurm's job and step, or the store's address."};
 inline constexpr EnvVar kEnvTraceDir{"DDP_TRACE_DIR", nullptr,
     "Turns the timeline on (Note [Timeline]): each rank writes the last steps' events, in the "
     "Chrome Trace Event Format, to trace_rank_<R>.json in this directory when the program exits "
@@ -112,6 +118,9 @@ inline constexpr EnvVar kEnvNcclCollectiveCheck{"DDP_NCCL_COLLECTIVE_CHECK", "au
     "ranks that call different collectives then hang until the group's timeout)."};
 inline constexpr EnvVar kEnvDebug{"DDP_DEBUG", "0",
     "1: rank 0 prints DDP's per-iteration insight figures and bucket layout."};
+inline constexpr EnvVar kEnvBacktrace{"DDP_BACKTRACE", "0",
+    "1: error messages that ddp prints or quotes (ddp::error_message, the examples) keep the C++ "
+    "backtrace of LibTorch's c10::Error; 0: the message alone."};
 // Tests only.
 inline constexpr EnvVar kEnvTestCheckpointCrashAt{"DDP_TEST_CHECKPOINT_CRASH_AT", nullptr,
     "Tests only: the point of save_checkpoint at which the saving process kills itself with "

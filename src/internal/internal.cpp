@@ -1,6 +1,8 @@
 // Definitions for the private helpers in check.h, env.h and logging.h.
 
 #include "internal/check.h"
+
+#include <ddp/comm/error.h>
 #include "internal/env.h"
 #include "internal/logging.h"
 
@@ -69,3 +71,17 @@ void log_info(const std::string& message) {
 }
 
 } // namespace ddp::internal
+
+namespace ddp {
+
+std::string error_message(const std::exception& error) {
+  if (const auto* c10_error = dynamic_cast<const c10::Error*>(&error)) {
+    const auto backtrace = internal::env_get(internal::kEnvBacktrace);
+    if (!backtrace || *backtrace != "1") {
+      return c10_error->what_without_backtrace();
+    }
+  }
+  return error.what();
+}
+
+} // namespace ddp

@@ -74,6 +74,18 @@ int main(int argc, char** argv) {
     std::fprintf(stderr, "ddprun: %s\n", refusal.c_str());
     return kExitUsage;
   }
+  // The job's name, which the ranks inherit: their flight recorder dumps go
+  // to a folder of this job's own (src/flight_recorder/dump_directory.h).
+  // On one node this process names it; on several, every node's ddprun must
+  // give the same name: the rendezvous' address.
+  if (const char* job = std::getenv("DDP_JOB_ID"); job == nullptr || *job == '\0') {
+    char host[256] = {0};
+    ::gethostname(host, sizeof(host) - 1);
+    const std::string name = options.nnodes > 1 && options.master_port
+        ? "ddprun-" + options.master_addr + "-" + std::to_string(*options.master_port)
+        : "ddprun-" + std::string(host) + "-" + std::to_string(::getpid());
+    ::setenv("DDP_JOB_ID", name.c_str(), 1);
+  }
   if (options.trace_dir) {
     // The ranks inherit it; an earlier job's files would be merged with theirs.
     ddp::timeline::clear_traces(*options.trace_dir);

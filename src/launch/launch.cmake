@@ -8,6 +8,7 @@ add_library(ddprun_objects OBJECT
   src/launch/child_process.cpp
   src/launch/teardown_dumps.cpp
   src/flight_recorder/analyzer.cpp
+  src/flight_recorder/dump_directory.cpp
   src/internal/json.cpp
   src/flight_recorder/pytorch_dump.cpp
   src/timeline/trace_merge.cpp

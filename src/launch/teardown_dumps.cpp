@@ -23,6 +23,8 @@
 
 #include "launch/teardown_dumps.h"
 
+#include "flight_recorder/dump_directory.h"
+
 #include <signal.h>
 
 #include <cstdlib>
@@ -81,12 +83,7 @@ bool ask_for_dump(pid_t pid) {
 }
 
 std::string dump_directory() {
-  const char* dir = std::getenv("DDP_FLIGHT_RECORDER_DIR");
-  if (dir != nullptr && *dir != '\0') {
-    return dir;
-  }
-  const char* tmp = std::getenv("TMPDIR");
-  return std::string(tmp != nullptr && *tmp != '\0' ? tmp : "/tmp") + "/ddp_flight_recorder";
+  return flight_recorder::dump_directory();
 }
 
 } // namespace ddp::launch

@@ -18,10 +18,8 @@ constexpr std::chrono::milliseconds kDumpWindow{500};
 bool ask_for_dump(pid_t pid);
 
 // Where the ranks write their dumps unless their environment differs from
-// ddprun's: DDP_FLIGHT_RECORDER_DIR, else $TMPDIR/ddp_flight_recorder (/tmp
-// without TMPDIR), as the flight recorder's own dump_directory() in
-// src/flight_recorder/flight_recorder.cpp decides (ddprun links no Torch, so
-// it cannot call that one; keep the two alike).
+// ddprun's: flight_recorder::dump_directory(), the job's folder
+// (src/flight_recorder/dump_directory.h), which the ranks use too.
 std::string dump_directory();
 
 } // namespace ddp::launch

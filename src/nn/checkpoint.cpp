@@ -37,6 +37,7 @@
 // written by an older ddp (or by torch::save): it loads as before, with its
 // PATH.optimizer unchecked.
 
+#include <ddp/comm/error.h>
 #include <ddp/nn/checkpoint.h>
 #include <ddp/optim/zero_redundancy_optimizer.h>
 
@@ -61,6 +62,7 @@
 #include <sstream>
 #include <vector>
 
+#include "comm/collective_label.h"
 #include "internal/check.h"
 #include "nn/checkpoint_files.h"
 #include "internal/env.h"
@@ -294,7 +296,7 @@ std::vector<std::string> gather_hook_states(ProcessGroup& group, const CommHookS
   } catch (const c10::Error& e) {
     error = e.what_without_backtrace();
   } catch (const std::exception& e) {
-    error = e.what();
+    error = error_message(e);
   }
   const int world = group.size();
   const auto longs = at::TensorOptions(at::kLong).device(device);
@@ -331,6 +333,7 @@ void save(const DistributedDataParallel& model, torch::optim::Optimizer* optimiz
           const std::string& path) {
   ProcessGroup& group = *model->process_group();
   const std::string prefix = who(group, "save_checkpoint");
+  internal::CollectiveLabel label("save_checkpoint");
   if (auto* zero = dynamic_cast<optim::ZeroRedundancyOptimizerBase*>(optimizer)) {
     // Sharded state: every rank sends its shard to rank 0, which writes it
     // in the format of a plain optimizer over all the parameters.
@@ -351,7 +354,7 @@ void save(const DistributedDataParallel& model, torch::optim::Optimizer* optimiz
     } catch (const c10::Error& e) {
       error = e.what_without_backtrace();
     } catch (const std::exception& e) {
-      error = e.what();
+      error = error_message(e);
     }
   }
   // Every rank learns whether rank 0 succeeded, then all meet at a barrier so
@@ -405,7 +408,7 @@ std::string matching_optimizer_file(const std::string& prefix, const std::string
     try {
       found = checksum_of_file(candidate);
     } catch (const std::exception& e) {
-      DDP_CHECK(false, prefix, ": ", e.what());
+      DDP_CHECK(false, prefix, ": ", error_message(e));
     }
     if (found && found->size() == manifest.optimizer_bytes &&
         found->value() == manifest.optimizer_checksum) {
@@ -510,7 +513,7 @@ void load(DistributedDataParallel& model, torch::optim::Optimizer* optimizer,
     }
     DDP_CHECK(false, prefix, ": cannot load '", reading, "' onto ", device, ": ", what);
   } catch (const std::exception& e) {
-    DDP_CHECK(false, prefix, ": cannot load '", reading, "' onto ", device, ": ", e.what());
+    DDP_CHECK(false, prefix, ": cannot load '", reading, "' onto ", device, ": ", error_message(e));
   }
 }
 

@@ -35,6 +35,7 @@
 #include "internal/env.h"
 #include "internal/logging.h"
 #include "nn/ddp_state.h"
+#include "comm/collective_label.h"
 #include "nn/state_sync.h"
 #include "reducer/reducer.h"
 #include "timeline/timeline.h"
@@ -112,12 +113,18 @@ std::vector<ParameterSignature> decode(const std::string& text) {
 // src/reducer/reducer.cpp).
 std::unordered_set<const void*> sparse_gradient_weights(torch::nn::Module& module) {
   std::unordered_set<const void*> weights;
-  for (const auto& m : module.modules(/*include_self=*/true)) {
-    if (const auto* embedding = dynamic_cast<const torch::nn::EmbeddingImpl*>(m.get())) {
+  // The module itself apart: modules(include_self) needs it to be owned by a
+  // shared_ptr, and a module held by value (`Net net;`) is not.
+  std::vector<const torch::nn::Module*> all{&module};
+  for (const auto& m : module.modules(/*include_self=*/false)) {
+    all.push_back(m.get());
+  }
+  for (const torch::nn::Module* m : all) {
+    if (const auto* embedding = dynamic_cast<const torch::nn::EmbeddingImpl*>(m)) {
       if (embedding->options.sparse()) {
         weights.insert(embedding->weight.unsafeGetTensorImpl());
       }
-    } else if (const auto* bag = dynamic_cast<const torch::nn::EmbeddingBagImpl*>(m.get())) {
+    } else if (const auto* bag = dynamic_cast<const torch::nn::EmbeddingBagImpl*>(m)) {
       if (bag->options.sparse()) {
         weights.insert(bag->weight.unsafeGetTensorImpl());
       }
@@ -345,7 +352,10 @@ DistributedDataParallelImpl::DistributedDataParallelImpl(detail::Forwarder forwa
   }
   std::vector<at::Tensor> state = all_parameters;
   state.insert(state.end(), state_->buffers.begin(), state_->buffers.end());
-  internal::broadcast_coalesced(*state_->group, state, 0);
+  {
+    internal::CollectiveLabel label("DDP construction: rank 0's parameters and buffers");
+    internal::broadcast_coalesced(*state_->group, state, 0);
+  }
 
   internal::ReducerConfig config;
   config.first_bucket_bytes = mebibytes_to_bytes(state_->options.first_bucket_cap_mb());
@@ -397,6 +407,7 @@ void DistributedDataParallelImpl::pre_forward() {
   state_->reducer->prepare_for_forward();
   if (will_sync_buffers) {
     // See Note [Buffers of a live graph] in state_sync.cpp.
+    internal::CollectiveLabel label("DDP buffer broadcast");
     internal::broadcast_coalesced(*state_->group, state_->buffers, buffer_root,
                                   internal::VersionCounters::kPreserve);
   }

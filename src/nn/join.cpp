@@ -14,12 +14,14 @@
 // Reducer::shadow_backward). When no rank trains, the parameters and buffers
 // of the rank that trained the most steps are broadcast to all.
 
+#include <ddp/comm/error.h>
 #include <ddp/nn/join.h>
 
 #include <ATen/ATen.h>
 
 #include <exception>
 
+#include "comm/collective_label.h"
 #include "internal/check.h"
 #include "internal/logging.h"
 #include "nn/ddp_state.h"
@@ -51,6 +53,7 @@ JoinStep agree_on_step(ProcessGroup& group, c10::Device device, bool training,
     flags[2 + group.rank()] = 1;
   }
   vector = vector.to(device);
+  internal::CollectiveLabel label("Join: who is still training");
   group.allreduce(vector)->wait();
   vector = vector.cpu();
   const auto* sums = vector.data_ptr<int>();
@@ -98,7 +101,7 @@ Join::~Join() noexcept {
   try {
     finish();
   } catch (const std::exception& e) {
-    internal::log_warning(c10::str("ddp::Join: finishing failed: ", e.what()));
+    internal::log_warning(c10::str("ddp::Join: finishing failed: ", error_message(e)));
   }
 }
 
@@ -139,6 +142,7 @@ int64_t Join::finish() {
   // highest such rank on a tie).
   auto key = at::full({1}, steps_trained_ * group.size() + group.rank(),
                       at::TensorOptions(at::kLong).device(impl.device()));
+  internal::CollectiveLabel label("Join: the longest-trained rank's state");
   group.allreduce(key, {ReduceOp::kMax})->wait();
   const int source = static_cast<int>(key.item<int64_t>() % group.size());
   std::vector<at::Tensor> state;

@@ -53,6 +53,7 @@
 
 #include <ddp/init.h>
 
+#include "comm/collective_label.h"
 #include "internal/check.h"
 
 namespace ddp::nn {
@@ -101,7 +102,13 @@ struct SyncSettings {
   at::Tensor running_var;
   double momentum = 0.1; // the factor of this step (1 / k for the cumulative average)
   double eps = 1e-5;
+  std::string name; // the layer's, for its collectives' label
 };
+
+// "SyncBatchNorm 'generator.batch_norm1' forward": its collectives' label.
+std::string label_of(const std::string& name, const char* pass) {
+  return name.empty() ? c10::str("SyncBatchNorm ", pass) : c10::str("SyncBatchNorm '", name, "' ", pass);
+}
 
 // The training forward and backward over the group; see "How it works".
 // weight and bias are optional so that the custom Function machinery
@@ -129,7 +136,10 @@ struct SyncBatchNormFunction : torch::autograd::Function<SyncBatchNormFunction> 
           .copy_(std::get<0>(var_mean).to(at::kDouble) * static_cast<double>(local_count));
     }
     auto gathered = at::empty({group.size() * (1 + 2 * channels)}, doubles);
-    group.allgather_into_tensor(gathered, mine)->wait();
+    {
+      internal::CollectiveLabel label(label_of(settings.name, "forward"));
+      group.allgather_into_tensor(gathered, mine)->wait();
+    }
     gathered = gathered.view({group.size(), 1 + 2 * channels});
     const auto counts = gathered.narrow(1, 0, 1);             // (W, 1)
     const auto means = gathered.narrow(1, 1, channels);       // (W, C)
@@ -139,6 +149,7 @@ struct SyncBatchNormFunction : torch::autograd::Function<SyncBatchNormFunction> 
     context->saved_data["group"] =
         c10::IValue::make_capsule(c10::make_intrusive<GroupCapsule>(settings.group));
     context->saved_data["count"] = count;
+    context->saved_data["name"] = settings.name;
     context->saved_data["input_requires_grad"] = input.requires_grad();
     if (count == 0) {
       // Every rank's batch is empty, so every rank is here: as BatchNorm on
@@ -245,6 +256,7 @@ struct SyncBatchNormFunction : torch::autograd::Function<SyncBatchNormFunction> 
     }
 
     if (needs_input) {
+      internal::CollectiveLabel label(label_of(context->saved_data["name"].toStringRef(), "backward"));
       group->allreduce(sums)->wait();
       const auto mean_dy = sums.narrow(0, 0, channels) / count;
       const auto mean_dy_xmu = sums.narrow(0, channels, channels) / count;
@@ -408,6 +420,7 @@ torch::Tensor SyncBatchNormImpl::forward(const torch::Tensor& input) {
   }
   settings.momentum = momentum;
   settings.eps = options.eps();
+  settings.name = name_in_model;
   auto optional = [](const torch::Tensor& t) {
     return t.defined() ? c10::optional<at::Tensor>(t) : c10::optional<at::Tensor>();
   };
@@ -521,17 +534,18 @@ void replace_in_storage(torch::nn::Module& container, const torch::nn::Module* o
 // registered twice) becomes one SyncBatchNorm.
 using Replacements = std::unordered_map<const torch::nn::Module*, std::shared_ptr<SyncBatchNormImpl>>;
 
-void convert(torch::nn::Module& module, const std::shared_ptr<ProcessGroup>& group,
+void convert(torch::nn::Module& module, const std::string& path, const std::shared_ptr<ProcessGroup>& group,
              Replacements& replacements) {
   for (const auto& child : module.named_children()) {
     const torch::nn::Module* old = child.value().get();
     if (!is_batch_norm(*old)) {
-      convert(*child.value(), group, replacements);
+      convert(*child.value(), child_path(path, child.key()), group, replacements);
       continue;
     }
     auto& replacement = replacements[old];
     if (!replacement) {
       replacement = take_over_if_batch_norm(child.value(), group);
+      replacement->name_in_model = child_path(path, child.key());
     }
     replace_in_storage(module, old, replacement);
     module.replace_module(child.key(), replacement);
@@ -549,7 +563,7 @@ std::shared_ptr<torch::nn::Module> convert_sync_batchnorm(
   }
   check_replaceable(*module, "");
   Replacements replacements;
-  convert(*module, process_group, replacements);
+  convert(*module, "", process_group, replacements);
   return module;
 }
 

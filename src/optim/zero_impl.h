@@ -20,6 +20,7 @@
 #include <ddp/nn/distributed_data_parallel.h>
 #include <ddp/optim/zero_redundancy_optimizer.h>
 
+#include "comm/collective_label.h"
 #include "internal/check.h"
 #include "internal/hash.h"
 #include "internal/torch_compat.h"
@@ -318,6 +319,7 @@ struct ZeroRedundancyOptimizerBase::Impl {
   // Starts broadcasting `bucket` from its owner, after finishing the oldest
   // broadcast when kBucketsInFlight are in flight already.
   void issue_broadcast(const Bucket& bucket) {
+    internal::CollectiveLabel label(c10::str("ZeRO step: rank ", bucket.owner, "'s updated parameters"));
     at::NoGradGuard no_grad;
     if (in_flight.size() == detail::kBucketsInFlight) {
       finish_oldest_broadcast();

@@ -139,6 +139,7 @@ std::shared_ptr<Work> ZeroRedundancyOptimizerBase::Impl::reduce_scatter_bucket(P
   }
   if (!known) {
     buffer.div_(size);
+    internal::CollectiveLabel label(c10::str("ZeRO stage 2, DDP gradient bucket ", bucket.index()));
     return pg.allreduce(buffer); // see Note [ZeRO stage 2]
   }
   const auto& gradients = bucket.gradients();
@@ -153,6 +154,7 @@ std::shared_ptr<Work> ZeroRedundancyOptimizerBase::Impl::reduce_scatter_bucket(P
   const int rank = pg.rank();
   auto output = at::empty_like(inputs[static_cast<size_t>(rank)]);
   std::vector<at::Tensor> mine = per_owner[static_cast<size_t>(rank)]; // views into the buffer
+  internal::CollectiveLabel label(c10::str("ZeRO stage 2, DDP gradient bucket ", bucket.index(), " reduce-scatter"));
   auto work = pg.reduce_scatter(output, inputs);
   // Summed, then divided on the owner only: 1/N of the bucket, where the
   // default hook divides all of it before sending.

@@ -31,6 +31,7 @@
 
 #include <cstring>
 
+#include <ddp/comm/error.h>
 #include <ddp/timeline.h>
 
 #include "internal/logging.h"
@@ -65,7 +66,7 @@ ZeroRedundancyOptimizerBase::~ZeroRedundancyOptimizerBase() {
     } catch (const std::exception& e) {
       // Destroyed during a backward: the hook would outlive us.
       internal::log_warning(c10::str(impl_->who(""), ": destroyed while its model's backward was "
-                                     "running; the model must not run backward again: ", e.what()));
+                                     "running; the model must not run backward again: ", error_message(e)));
     }
   }
 }
@@ -138,6 +139,7 @@ void ZeroRedundancyOptimizerBase::consolidate_state_dict(int to) {
   for (int r = 0; r < group.size(); ++r) {
     sizes.push_back(at::empty({1}, long_options));
   }
+  internal::CollectiveLabel label("ZeRO consolidate_state_dict");
   group.allgather(sizes, at::full({1}, static_cast<int64_t>(blob.size()), long_options))->wait();
   int64_t longest = 0;
   std::vector<int64_t> lengths;

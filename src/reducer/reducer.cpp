@@ -81,6 +81,7 @@
 #include <algorithm>
 #include <unordered_set>
 
+#include "comm/collective_label.h"
 #include "internal/check.h"
 #include "reducer/bucket_assignment.h"
 
@@ -343,6 +344,7 @@ void Reducer::rebuild_buckets_if_due() {
   if (group_->size() > 1) {
     // Every rank takes rank 0's order, so that all build the same buckets.
     auto on_device = order.to(device_);
+    internal::CollectiveLabel label("DDP bucket rebuild");
     group_->broadcast(on_device, {0})->wait();
     order = on_device.cpu();
   }
@@ -591,6 +593,7 @@ void Reducer::launch_ready_buckets() {
       }
     }
     usage_ = usage.to(device_);
+    internal::CollectiveLabel label("DDP unused-parameter map (find_unused_parameters)");
     usage_work_ = group_->size() > 1 ? group_->allreduce(usage_) : Work::completed({usage_});
   }
   state_ = State::kFinalizing;
@@ -609,6 +612,7 @@ void Reducer::launch_bucket(size_t bucket_index, const at::Tensor& buffer) {
                          bucket.parameter_names);
   bucket.launch_ms = timer_.ms_since(IterationTimer::Event::kBackwardStart);
   // Note [Built-in allreduce]: a dense bucket was divided on its way in.
+  internal::CollectiveLabel label(c10::str("DDP gradient bucket ", bucket_index));
   auto work = builtin_hook_ && !bucket.sparse
       ? (group_->size() > 1 ? group_->allreduce(buffer) : Work::completed({buffer}))
       : comm_hook_(*group_, grad_bucket);
@@ -657,6 +661,7 @@ void Reducer::shadow_backward() {
     // parameter that some rank used then counts as used now (the ranks
     // still training get a zero gradient there, not none). Reduced in
     // place, as a training rank's: the next shadowed step sends this one's.
+    internal::CollectiveLabel label("DDP unused-parameter map (find_unused_parameters)");
     usage_work_ = group_->size() > 1 ? group_->allreduce(usage_) : Work::completed({usage_});
   }
   std::exception_ptr error;

@@ -50,6 +50,7 @@
 #include "internal/logging.h"
 #include "internal/text_files.h"
 
+#include <ddp/comm/error.h>
 #include <ddp/timeline.h>
 
 namespace ddp::internal {
@@ -321,7 +322,7 @@ std::string Timeline::write() noexcept {
     }
     return path;
   } catch (const std::exception& e) {
-    log_warning(c10::str("[rank ", rank, "] timeline: could not write its trace: ", e.what()));
+    log_warning(c10::str("[rank ", rank, "] timeline: could not write its trace: ", error_message(e)));
   } catch (...) {
   }
   return "";

@@ -74,3 +74,13 @@ ddp_add_output_test(rendezvous_progress EXIT 0 REGEX "^rendezvous_progress: 4 of
   TIMEOUT 120 LABELS integration
   COMMAND bash ${CMAKE_CURRENT_LIST_DIR}/rendezvous_progress.sh $<TARGET_FILE:init_exit_main>
     ${DDP_TEST_PYTHON})
+
+# The labels of ddp's own collectives (SyncBatchNorm, DDP's buffer
+# broadcast, ZeRO's step, FSDP's gathers) in mismatch errors and flight
+# recorder dumps: two ranks calling different library collectives.
+add_executable(labels_main comm/labels_main.cpp)
+target_link_libraries(labels_main PRIVATE ddp torch GTest::gtest Threads::Threads) # gtest: the PCH's flags
+ddp_use_test_pch(labels_main)
+add_test(NAME collective_labels
+  COMMAND bash ${CMAKE_CURRENT_LIST_DIR}/labels_cases.sh $<TARGET_FILE:ddprun> $<TARGET_FILE:labels_main>)
+set_tests_properties(collective_labels PROPERTIES TIMEOUT 120 LABELS integration)

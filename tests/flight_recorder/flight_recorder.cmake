@@ -9,10 +9,10 @@ target_link_libraries(flight_recorder_main PRIVATE ddp torch GTest::gtest Thread
 ddp_use_test_pch(flight_recorder_main)
 if(DDP_HAVE_MPI)
   set(_ddp_fr_mpirun ${MPIEXEC_EXECUTABLE})
-  set(_ddp_fr_cases 20)
+  set(_ddp_fr_cases 26)
 else()
   set(_ddp_fr_mpirun "")
-  set(_ddp_fr_cases 18)
+  set(_ddp_fr_cases 24)
 endif()
 ddp_add_output_test(flight_recorder_cases EXIT 0
   REGEX "^flight_recorder_cases: ${_ddp_fr_cases} of ${_ddp_fr_cases} checks passed$"

@@ -24,6 +24,11 @@
 #                 rank 0 dumps (asked by ddprun, or failing on the lost
 #                 peer), rank 1 has none; the verdict names rank 1 (no
 #                 dump) and rank 0 (in #5).
+#   two-jobs      two teardown jobs at once, with no DDP_FLIGHT_RECORDER_DIR:
+#                 each writes to a folder of its own under
+#                 $TMPDIR/ddp_flight_recorder (ddprun names it), whose
+#                 analysis is its own; a folder holding dumps of both is
+#                 refused by --analyze, naming the two jobs.
 # PyTorch's own flight recorder dumps, in its JSON form (made by
 # pytorch_dumps/make_dumps.py with PyTorch 2.11 on Gloo; its file names):
 #   pytorch-skip  rank 1 never called all_reduce #6, rank 0 waits in it;
@@ -169,6 +174,31 @@ analyze sigkill
 check sigkill test \( $rc = 137 -o $rc = 3 \) -a -s "$dir/fr/rank_0.json" -a ! -e "$dir/fr/rank_1.json"
 check sigkill-verdict verdict sigkill \
   '^group default \(gloo, 2 ranks\), allreduce #5: rank 1 left no dump \(killed, or its flight recorder off\); rank 0 (waits in it since [0-9]+\.[0-9] s|failed in it: .*)$'
+
+# two-jobs
+dir=$work/two-jobs
+mkdir -p "$dir/tmp"
+for job in a b; do
+  TMPDIR=$dir/tmp OMP_NUM_THREADS=1 "$ddprun" --nproc-per-node 2 "$program" skip 3 >"$dir/$job.log" 2>&1 &
+  eval "p$job=\$!"
+done
+wait "$pa"; wait "$pb"
+folders=$(ls "$dir/tmp/ddp_flight_recorder")
+check two-jobs-folders test "$(echo "$folders" | grep -c '^ddprun-')" = 2
+for job in a b; do
+  # ddprun names its job's folder when it asks the ranks for their dumps.
+  named=$(sed -nE 's/^ddprun: asked rank\(s\) 1 for their flight recorder dumps \(SIGUSR1; .ddprun --analyze ([^ ]+). reads them\).*/\1/p' "$dir/$job.log")
+  check "two-jobs-$job-own-folder" test -n "$named" -a -s "$named/rank_0.json" -a -s "$named/rank_1.json"
+  "$ddprun" --analyze "$named" >"$dir/analysis-$job.txt" 2>&1
+  check "two-jobs-$job-verdict" grep -qE '^group default \(gloo, 2 ranks\), allreduce #5: rank 1 never called it' "$dir/analysis-$job.txt"
+done
+first=$(echo "$folders" | sed -n 1p)
+second=$(echo "$folders" | sed -n 2p)
+mkdir -p "$dir/mixed"
+cp "$dir/tmp/ddp_flight_recorder/$first/rank_0.json" "$dir/mixed/"
+cp "$dir/tmp/ddp_flight_recorder/$second/rank_1.json" "$dir/mixed/"
+"$ddprun" --analyze "$dir/mixed" >"$dir/mixed.txt" 2>&1; rc=$?
+check two-jobs-mixed-refused test $rc = 1 -a "$(grep -c "holds the dumps of 2 jobs: job '$first' (world size 2): rank(s) 0; job '$second' (world size 2): rank(s) 1" "$dir/mixed.txt")" = 1
 
 # PyTorch's dumps
 fixtures=$(cd "$(dirname "$0")" && pwd)/pytorch_dumps

@@ -34,3 +34,12 @@ add_test(NAME fsdp_pytorch_parity
   COMMAND bash ${CMAKE_CURRENT_LIST_DIR}/pytorch_fsdp_parity.sh $<TARGET_FILE:ddprun>
     $<TARGET_FILE:fsdp_pytorch_parity_main> ${DDP_TEST_PYTHON})
 set_tests_properties(fsdp_pytorch_parity PROPERTIES TIMEOUT 180 LABELS integration)
+
+# The defaults of the options that PyTorch's FSDP has too, against
+# DDP_TEST_PYTHON's PyTorch (2.11 in the compat configuration; 1.13's FSDP
+# does not import, which the script checks and says).
+add_executable(fsdp_defaults_main fsdp/defaults_main.cpp)
+target_link_libraries(fsdp_defaults_main PRIVATE ddp)
+add_test(NAME fsdp_defaults_parity
+  COMMAND bash ${CMAKE_CURRENT_LIST_DIR}/defaults_parity.sh $<TARGET_FILE:fsdp_defaults_main> ${DDP_TEST_PYTHON})
+set_tests_properties(fsdp_defaults_parity PROPERTIES TIMEOUT 60 LABELS integration)

@@ -161,3 +161,11 @@ foreach(nproc 2 3)
       --nproc ${nproc})
   set_tests_properties(${_ddp_parity_test} PROPERTIES TIMEOUT 240 LABELS "integration")
 endforeach()
+
+# Modules as PyTorch's C++ examples write them (`struct Net :
+# torch::nn::Module`, std::make_shared or by value) under DDP and FSDP; a
+# FsdpUnit model's full state in the names of the model without units; FSDP
+# refusing initial values that differ across ranks.
+ddp_add_nn_program(plain_module_main nn/plain_module_main.cpp)
+ddp_add_launched_test(plain_module_2_ranks NPROC 2 COMMAND plain_module_main CASES 5 TIMEOUT 90)
+ddp_add_alone_test(plain_module_alone COMMAND plain_module_main CASES 5 TIMEOUT 60)

@@ -6,10 +6,17 @@
 /// it is unusable and must be destroyed (the contract of Gloo's
 /// `docs/errors.md`): other ranks may be mid-collective with no way to resume.
 
+#include <exception>
 #include <stdexcept>
 #include <string>
 
 namespace ddp {
+
+/// What to show a user of an error: its message, without the C++ backtrace
+/// of internal frames that LibTorch's `c10::Error::what()` carries; with
+/// DDP_BACKTRACE=1 in the environment, `what()` whole. The examples and
+/// ddp's own messages that quote another error use it.
+std::string error_message(const std::exception& error);
 
 /// Base of every communication failure.
 class CommError : public std::runtime_error {

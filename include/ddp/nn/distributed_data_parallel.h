@@ -13,11 +13,13 @@
 #include <chrono>
 #include <functional>
 #include <memory>
+#include <type_traits>
 #include <string>
 #include <tuple>
 #include <vector>
 
 #include <ddp/comm/process_group.h>
+#include <ddp/nn/plain_module.h>
 #include <ddp/nn/comm_hooks.h>
 #include <ddp/nn/insight.h>
 
@@ -46,6 +48,7 @@ Forwarder make_forwarder(const torch::nn::ModuleHolder<ModuleType>& module) {
 inline Forwarder make_forwarder(const torch::nn::ModuleHolder<torch::nn::SequentialImpl>& module) {
   return {torch::nn::AnyModule(), module.ptr()};
 }
+
 } // namespace detail
 
 /// Options of DistributedDataParallel. PyTorch's defaults.
@@ -134,6 +137,22 @@ class DistributedDataParallelImpl : public torch::nn::Module {
                                        DistributedDataParallelOptions options = {})
       : DistributedDataParallelImpl(detail::make_forwarder(module), module.ptr(),
                                     std::move(options)) {}
+
+  /// Wraps a module that no ModuleHolder holds, as PyTorch's C++ examples
+  /// write them: `auto net = std::make_shared<Net>();` with
+  /// `struct Net : torch::nn::Module` (its forward must not be a template).
+  template <typename ModuleType,
+            typename = std::enable_if_t<detail::is_plain_module_v<ModuleType, DistributedDataParallelImpl>>>
+  explicit DistributedDataParallelImpl(std::shared_ptr<ModuleType> module, DistributedDataParallelOptions options = {})
+      : DistributedDataParallelImpl(torch::nn::ModuleHolder<ModuleType>(std::move(module)), std::move(options)) {}
+
+  /// Wraps a module held by value (`Net net;`), which this wrapper does not
+  /// own: it must outlive the wrapper (one made by std::make_shared is
+  /// shared instead).
+  template <typename ModuleType,
+            typename = std::enable_if_t<detail::is_plain_module_v<ModuleType, DistributedDataParallelImpl>>>
+  explicit DistributedDataParallelImpl(ModuleType& module, DistributedDataParallelOptions options = {})
+      : DistributedDataParallelImpl(detail::hold(module), std::move(options)) {}
 
   /// Wraps `module`, called through `forwarder`.
   DistributedDataParallelImpl(detail::Forwarder forwarder,

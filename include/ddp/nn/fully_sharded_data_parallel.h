@@ -26,6 +26,7 @@
 
 #include <ddp/checkpoint/state_dict.h>
 #include <ddp/comm/process_group.h>
+#include <ddp/nn/plain_module.h>
 
 namespace ddp {
 
@@ -83,9 +84,11 @@ struct FullyShardedDataParallelOptions {
   /// current unit's backward begins (PyTorch's BACKWARD_PRE). Default: true.
   TORCH_ARG(bool, backward_prefetch) = true;
   /// Broadcast rank 0's parameters and buffers at construction, so that
-  /// ranks may start from different values. Default: false (each rank's
-  /// shard is taken from its own copy, so differing initial values give a
-  /// consistent mix, as in PyTorch).
+  /// ranks may start from different values (PyTorch FSDP's
+  /// sync_module_states). Default: false: each rank's shard is taken from
+  /// its own copy, and construction checks (a checksum of each tensor,
+  /// compared across ranks) that the copies are equal, refusing, with the
+  /// first tensor that differs, a model that would train a mix of them.
   TORCH_ARG(bool, sync_module_states) = false;
   /// kHybridShard only: the group within a node (parameters sharded over it)
   /// and the group across nodes (this rank's peers of the same position in
@@ -230,6 +233,29 @@ class FullyShardedDataParallelImpl : public torch::nn::Module {
   explicit FullyShardedDataParallelImpl(const torch::nn::ModuleHolder<ModuleType>& module,
                                         const FullyShardedDataParallelOptions& options = {})
       : FullyShardedDataParallelImpl(torch::nn::AnyModule(module), nullptr, module.ptr(), options) {}
+
+  /// Wraps a module that no ModuleHolder holds (`auto net =
+  /// std::make_shared<Net>()`, `struct Net : torch::nn::Module`), as above.
+  template <typename ModuleType,
+            typename = std::enable_if_t<detail::is_plain_module_v<ModuleType, FullyShardedDataParallelImpl> &&
+                                        !std::is_same_v<ModuleType, torch::nn::SequentialImpl>>>
+  explicit FullyShardedDataParallelImpl(std::shared_ptr<ModuleType> module,
+                                        const FullyShardedDataParallelOptions& options = {})
+      : FullyShardedDataParallelImpl(torch::nn::ModuleHolder<ModuleType>(std::move(module)), options) {}
+
+  /// Wraps a module held by value (`Net net;`), as above, without owning
+  /// it: it must outlive the wrapper (one made by std::make_shared is shared
+  /// instead).
+  template <typename ModuleType,
+            typename = std::enable_if_t<detail::is_plain_module_v<ModuleType, FullyShardedDataParallelImpl> &&
+                                        !std::is_same_v<ModuleType, torch::nn::SequentialImpl>>>
+  explicit FullyShardedDataParallelImpl(ModuleType& module, const FullyShardedDataParallelOptions& options = {})
+      : FullyShardedDataParallelImpl(detail::hold(module), options) {}
+
+  /// A Sequential without its holder (`std::make_shared<torch::nn::SequentialImpl>(...)`).
+  explicit FullyShardedDataParallelImpl(std::shared_ptr<torch::nn::SequentialImpl> module,
+                                        const FullyShardedDataParallelOptions& options = {})
+      : FullyShardedDataParallelImpl(torch::nn::Sequential(std::move(module)), options) {}
 
   ~FullyShardedDataParallelImpl() override;
 

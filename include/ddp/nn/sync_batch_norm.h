@@ -150,6 +150,11 @@ class SyncBatchNormImpl : public torch::nn::Cloneable<SyncBatchNormImpl> {
   /// Training forwards so far (Long scalar); undefined unless
   /// `track_running_stats`.
   torch::Tensor num_batches_tracked;
+  /// The layer's name in its model ("generator.batch_norm1"), which errors
+  /// about its collectives, the flight recorder and the timeline show
+  /// ("SyncBatchNorm 'generator.batch_norm1' forward"). convert_sync_batchnorm
+  /// sets it; set it yourself for a layer you build. Default: "".
+  std::string name_in_model;
 
  private:
   explicit SyncBatchNormImpl(detail::BatchNormState state);

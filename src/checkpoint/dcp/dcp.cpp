@@ -1,6 +1,7 @@
 // The public entry points of DCP (dcp.h): which items each wrapper has, and
 // over which group its ranks meet.
 
+#include <ddp/comm/error.h>
 #include <ddp/checkpoint/dcp.h>
 
 #include <torch/torch.h>
@@ -104,7 +105,7 @@ StateDict read_model_state(const std::string& path) {
   } catch (const c10::Error&) {
     throw;
   } catch (const std::exception& e) {
-    DDP_CHECK(false, "dcp::read_model_state: ", e.what());
+    DDP_CHECK(false, "dcp::read_model_state: ", error_message(e));
   }
 }
 

@@ -33,6 +33,7 @@
 #include <cstdio>
 #include <map>
 
+#include <ddp/comm/error.h>
 #include <ddp/comm/object_collectives.h>
 
 #include "checkpoint/agree.h"
@@ -40,6 +41,7 @@
 #include "checkpoint/dcp/engine.h"
 #include "checkpoint/dcp/wire.h"
 #include "checkpoint/torch_save.h"
+#include "comm/collective_label.h"
 #include "internal/check.h"
 #include "nn/checkpoint_files.h"
 
@@ -422,14 +424,18 @@ std::vector<std::string> exchange(const std::shared_ptr<ProcessGroup>& group, co
   } catch (const c10::Error& e) {
     error = e.what_without_backtrace();
   } catch (const std::exception& e) {
-    error = e.what();
+    error = error_message(e);
   }
   if (!group) {
     DDP_CHECK(error.empty(), prefix, ": ", error);
     return {result};
   }
   std::vector<std::string> all;
-  all_gather_bytes(all, error.empty() ? "+" + result : "!" + error, group);
+  {
+    // "dcp::save", the prefix without its "[rank R/W] ".
+    internal::CollectiveLabel label(prefix.substr(prefix.find("] ") == std::string::npos ? 0 : prefix.find("] ") + 2));
+    all_gather_bytes(all, error.empty() ? "+" + result : "!" + error, group);
+  }
   for (size_t r = 0; r < all.size(); ++r) {
     DDP_CHECK(!all[r].empty() && all[r][0] == '+', prefix, ": ",
               static_cast<int>(r) == group->rank() ? std::string("this rank") : c10::str("rank ", r), " failed: ",

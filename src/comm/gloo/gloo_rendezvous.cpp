@@ -269,7 +269,7 @@ std::shared_ptr<gloo::transport::Device> make_gloo_device(const DeviceChoice& ch
         who, " init_process_group: cannot create Gloo's TCP device on ",
         choice.interface.empty() ? "address '" + choice.hostname + "'"
                                  : "interface '" + choice.interface + "'",
-        " (chosen from ", choice.reason, "): ", e.what(),
+        " (chosen from ", choice.reason, "): ", error_message(e),
         ". Set DDP_SOCKET_IFNAME to an interface that reaches the other ranks."));
   }
 }

@@ -567,7 +567,7 @@ std::shared_ptr<Work> ProcessGroupGloo::Impl::start_point_to_point(bool is_send,
     // Gloo refuses to post on a connection it has closed (after an earlier
     // failure or timeout of this group).
     throw CommError(c10::str(who, ": cannot start: the connection to rank ", peer,
-                             " is closed after an earlier failure. Gloo said: ", e.what()));
+                             " is closed after an earlier failure. Gloo said: ", error_message(e)));
   }
   return std::make_shared<internal::GlooPointToPointWork>(who, timeout, is_send, tensor, host,
                                                      std::move(buffer));

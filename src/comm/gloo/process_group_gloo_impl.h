@@ -223,7 +223,7 @@ class DDP_GLOO_HIDDEN ProcessGroupGloo::Impl {
     } catch (const std::exception& e) {
       throw IoError(c10::str(who(), " init_process_group: Gloo could not connect to the other ranks (bound to ",
                              choice.interface.empty() ? choice.hostname : choice.interface,
-                             ", chosen from ", choice.reason, "): ", e.what()));
+                             ", chosen from ", choice.reason, "): ", error_message(e)));
     }
     context_ = std::move(context);
     internal::init_exit_point("gloo-connected", group_.rank());
@@ -376,7 +376,7 @@ class DDP_GLOO_HIDDEN ProcessGroupGloo::Impl {
       error = std::current_exception(); // misuse caught late; the group stays usable
     } catch (const std::exception& e) {
       // gloo::EnforceNotMet among others: never let it reach std::terminate.
-      error = convert_io_error(task, e.what());
+      error = convert_io_error(task, error_message(e));
     } catch (...) {
       error = convert_io_error(task, "an exception of unknown type");
     }
@@ -452,7 +452,7 @@ class DDP_GLOO_HIDDEN ProcessGroupGloo::Impl {
     try {
       std::rethrow_exception(error);
     } catch (const std::exception& e) {
-      mark_broken(e.what());
+      mark_broken(error_message(e));
     }
     return error;
   }

@@ -280,7 +280,7 @@ void MpiEngine::run_task(Task& task) {
   } catch (const c10::Error&) {
     error = std::current_exception(); // misuse caught late; the ranks did not enter MPI
   } catch (const std::exception& e) {
-    error = std::make_exception_ptr(CommError(c10::str(name, ": ", e.what())));
+    error = std::make_exception_ptr(CommError(c10::str(name, ": ", error_message(e))));
     group_failed = true;
   }
   bool timed_out = false;
@@ -292,7 +292,7 @@ void MpiEngine::run_task(Task& task) {
       try {
         std::rethrow_exception(error);
       } catch (const std::exception& e) {
-        broken_message_ = e.what();
+        broken_message_ = error_message(e);
       }
     }
   }

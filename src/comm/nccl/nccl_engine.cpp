@@ -93,7 +93,7 @@ NcclEngine::~NcclEngine() {
     release_communicator_locked();
   } catch (const std::exception& e) {
     // The CUDA runtime may already be unloading (a group destroyed at exit).
-    log_warning(c10::str(who_, " destroying the NCCL communicator: ", e.what()));
+    log_warning(c10::str(who_, " destroying the NCCL communicator: ", error_message(e)));
   }
   // Without a failure every operation's end event, and so its copy into a
   // check slot, has completed; after one, an aborted operation's copy may
@@ -120,7 +120,7 @@ void NcclEngine::release_communicator_locked() {
     check_nccl(ncclCommFinalize(comm_), comm_, what + ": ncclCommFinalize");
     wait_until_ready(comm_, std::chrono::steady_clock::now() + timeout, timeout, what);
   } catch (const std::exception& e) {
-    log_warning(c10::str(e.what(), "; aborting the communicator instead"));
+    log_warning(c10::str(error_message(e), "; aborting the communicator instead"));
     abort_communicator_locked();
     return;
   }

@@ -47,7 +47,7 @@ inline std::string error_text(const std::exception_ptr& error) {
   } catch (const c10::Error& e) {
     return e.what_without_backtrace();
   } catch (const std::exception& e) {
-    return e.what();
+    return error_message(e);
   } catch (...) {
     return "unknown error";
   }

@@ -104,9 +104,9 @@ void NcclEngine::run_watchdog() {
       // last resort so that the thread never dies with Works pending.
       try {
         fail_group_from_watchdog(std::make_exception_ptr(
-            CommError(c10::str(who_, " NCCL watchdog: ", e.what()))));
+            CommError(c10::str(who_, " NCCL watchdog: ", error_message(e)))));
         for (const auto& work : snapshot) {
-          work->fail(aborted_error(work->name(), e.what()));
+          work->fail(aborted_error(work->name(), error_message(e)));
         }
       } catch (...) {
       }
@@ -205,10 +205,10 @@ std::vector<std::shared_ptr<NcclWork>> NcclEngine::check_pending(
       completed = work->end_event().query();
     } catch (const std::exception& e) {
       const auto error =
-          std::make_exception_ptr(CommError(c10::str(work->name(), ": ", e.what())));
+          std::make_exception_ptr(CommError(c10::str(work->name(), ": ", error_message(e))));
       work->fail(error);
       fail_group_from_watchdog(error);
-      fail_others(work, e.what());
+      fail_others(work, error_message(e));
       return pending;
     }
     if (completed) {

@@ -1,3 +1,5 @@
+#include <ddp/comm/error.h>
+
 #include "comm/objects/object_frame.h"
 
 #include <torch/csrc/jit/serialization/pickle.h>
@@ -96,7 +98,7 @@ c10::IValue decode_ivalue(const uint8_t* data, size_t size, const std::string& w
     return torch::jit::pickle_load(std::vector<char>(payload.begin(), payload.end()));
   } catch (const std::exception& e) {
     DDP_CHECK(false, who, ": the object from ", from, " does not unpickle (", payload.size(),
-              " bytes, checksum correct, so it was sent so): ", e.what());
+              " bytes, checksum correct, so it was sent so): ", error_message(e));
   }
   return {};
 }
