@@ -22,6 +22,8 @@
 
 #include <torch/torch.h>
 
+#include <sys/stat.h>
+
 #include <cstdio>
 #include <map>
 #include <string>
