@@ -79,11 +79,13 @@ readonly launcher_tests='^slurm_cases$'
 # And repeats of programs that this run already runs at another size or in
 # another mode (as scripts/sanitize.sh's ASAN_SKIPPED): the MPI group at 3
 # and 4 ranks (2 stays), ZeRO at 3 ranks (2 stays, and zero_mpi_2_ranks),
+# FSDP's activation checkpointing, auto-wrap and deferred construction at
+# 3 ranks (2 stays),
 # the MNIST example's ZeRO, PowerSGD and IDX runs (accuracy, resume and
 # restart stay), and the sweep of exits during start-up (init_test and
 # gloo_reinit_test stay). scripts/test.sh has run them all against 1.13;
 # about 2 minutes of this run's test time (2026-11-26).
-readonly repeat_tests='^(process_group_mpi_test_[34]_ranks|zero_(mpi_)?3_ranks|mnist_train_(zero1|powersgd|idx)|init_exit_sweep)$'
+readonly repeat_tests='^(process_group_mpi_test_[34]_ranks|zero_(mpi_)?3_ranks|activation_checkpoint_(mpi_)?3_ranks|fsdp_(auto_wrap|deferred_init)_3_ranks|mnist_train_(zero1|powersgd|idx)|init_exit_sweep)$'
 
 say() {
   echo "compat.sh: $*"

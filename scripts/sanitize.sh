@@ -34,19 +34,20 @@ cd "$(dirname "${BASH_SOURCE[0]}")/.." || exit 1
 # NCCL compile check, which runs no code; and runs that repeat, at another
 # world size or in another mode, a program whose code ASan already runs in
 # the suite: the MNIST example's resume, restart, PowerSGD, local SGD, ZeRO,
-# FSDP and IDX runs (mnist_train_accuracy stays; checkpoint_test,
-# checkpoint_crash_test, the PowerSGD, hook-resume, ZeRO and FSDP tests run
-# that code), the 3-rank runs of FSDP, the object collectives, the hook
-# resume and the averagers (2 ranks and alone stay, on Gloo and MPI), two of the
-# three torchrun
-# rendezvous modes (standalone stays; torch_tcp_store_test runs the store
+# FSDP, checkpoint-format and IDX runs (mnist_train_accuracy stays;
+# checkpoint_test, checkpoint_crash_test, the checkpoint-format, PowerSGD,
+# hook-resume, ZeRO and FSDP tests run that code), the 3-rank runs of FSDP
+# (with auto-wrap, deferred construction and activation checkpointing, whose
+# 2-rank runs stay), the object collectives, the hook resume, DDP's parity
+# with PyTorch and the averagers (2 ranks and alone stay, on Gloo and MPI),
+# two of the three torchrun rendezvous modes (standalone stays; torch_tcp_store_test runs the store
 # client), the MPI group's 4-rank run (2 and 3 ranks stay), and the launcher
 # cases under a real Slurm and torchrun's elastic agent (toy_model and
 # mnist_train again, started by srun, sbatch, mpirun and torchrun; init_test
 # runs the code that reads their variables, mnist_train_restart the resume).
-# About 160 s of the ASan run's test time (2026-11-26), and those two
-# minutes.
-readonly ASAN_SKIPPED='^(nccl_backend_compiles|mnist_train_(resume|restart|powersgd|localsgd|zero1|fsdp|idx)|toy_model_torchrun_(static|c10d)|process_group_mpi_test_4_ranks|fsdp_(3_ranks|mpi_3_ranks)|objects_(3_ranks|mpi_3_ranks)|ddp_hook_resume_3_ranks|averaging_3_ranks|slurm_cases|torchrun_elastic)$'
+# About 160 s of the ASan run's test time (2026-11-26), and about 90 s more
+# for those added on 2026-11-27.
+readonly ASAN_SKIPPED='^(nccl_backend_compiles|mnist_train_(resume|restart|powersgd|localsgd|zero1|fsdp|formats|idx)|toy_model_torchrun_(static|c10d)|process_group_mpi_test_4_ranks|fsdp_(3_ranks|mpi_3_ranks|auto_wrap_3_ranks|deferred_init_3_ranks)|activation_checkpoint_(mpi_)?3_ranks|objects_(3_ranks|mpi_3_ranks)|ddp_hook_resume_3_ranks|ddp_pytorch_parity_3_ranks|averaging_3_ranks|slurm_cases|torchrun_elastic)$'
 readonly TSAN_TESTS='^(store_test|tcp_store_test|file_store_test|process_group_gloo_test|process_group_composite_test|gloo_reliability_test|init_test|ddprun_options_test|ddprun_test|distributed_data_parallel_test|ddp_parity_2_ranks|toy_model_2_ranks)$'
 # What those tests run; TSan builds only these.
 readonly TSAN_TARGETS='ddp ddprun store_test tcp_store_test file_store_test process_group_gloo_test process_group_composite_test gloo_reliability_test init_test ddprun_options_test ddprun_test distributed_data_parallel_test ddp_parity_main toy_model'

@@ -26,8 +26,10 @@
 #include <ddp/data/distributed_sampler.h>
 #include <ddp/group.h>
 #include <ddp/init.h>
+#include <ddp/nn/activation_checkpoint.h>
 #include <ddp/nn/checkpoint.h>
 #include <ddp/nn/comm_hooks.h>
+#include <ddp/nn/deferred_init.h>
 #include <ddp/nn/distributed_data_parallel.h>
 #include <ddp/nn/fully_sharded_data_parallel.h>
 #include <ddp/nn/insight.h>

@@ -6,6 +6,7 @@
 #include <set>
 
 #include <ddp/checkpoint/state_dict.h>
+#include <ddp/nn/activation_checkpoint.h>
 #include <ddp/nn/fully_sharded_data_parallel.h>
 
 #include "checkpoint/names.h"
@@ -30,10 +31,11 @@ void walk(const torch::nn::Module& module, const std::string& prefix, const std:
   for (const auto& item : module.named_buffers(/*recurse=*/false)) {
     out.push_back({joined(prefix, item.key()), joined(raw_prefix, item.key()), item.value(), false});
   }
-  const bool unit = dynamic_cast<const FsdpUnitImpl*>(&module) != nullptr;
+  const bool unit = dynamic_cast<const FsdpUnitImpl*>(&module) != nullptr ||
+                    dynamic_cast<const CheckpointedImpl*>(&module) != nullptr;
   for (const auto& child : module.named_children()) {
-    // A FsdpUnit is transparent: its child "module" adds no level, as
-    // PyTorch's wrappers add none to state dicts.
+    // A FsdpUnit or a Checkpointed is transparent: its child "module" adds
+    // no level, as PyTorch's wrappers add none to state dicts.
     const bool transparent = unit && child.key() == "module";
     walk(*child.value(), transparent ? prefix : joined(prefix, child.key()), joined(raw_prefix, child.key()), out);
   }

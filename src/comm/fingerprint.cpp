@@ -210,6 +210,26 @@ std::vector<int> FingerprintExchange::ranks_missing(uint64_t seq) {
   return missing;
 }
 
+void FingerprintExchange::acknowledge_mismatch(uint64_t seq, std::chrono::milliseconds patience) {
+  const auto acknowledged = [&](int r) { return c10::str(key(seq, r), "/mismatch"); };
+  std::vector<int> waiting;
+  {
+    std::lock_guard<std::mutex> lock(mutex_);
+    store_->set(acknowledged(rank_), "1");
+    for (int r = 0; r < size_; ++r) {
+      if (r != rank_ && store_->check({key(seq, r)})) {
+        waiting.push_back(r);
+      }
+    }
+  }
+  const auto deadline = std::chrono::steady_clock::now() + patience;
+  for (int r : waiting) {
+    while (!store_->check({acknowledged(r)}) && std::chrono::steady_clock::now() < deadline) {
+      std::this_thread::sleep_for(std::chrono::milliseconds(10));
+    }
+  }
+}
+
 std::string explain_hash_difference(FingerprintExchange& exchange, const Fingerprint& mine,
                                     std::chrono::milliseconds patience,
                                     std::chrono::milliseconds interval) {

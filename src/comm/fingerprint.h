@@ -95,6 +95,17 @@ class FingerprintExchange {
   // that collective, as far as the store knows), for timeout messages.
   std::vector<int> ranks_missing(uint64_t seq);
 
+  // Once this rank has found a mismatch at `seq`: says so in the store, then
+  // waits, for at most `patience`, until every other rank that published a
+  // fingerprint for `seq` has said so too (each is in that collective, which
+  // fails for it once this rank's connections close, and then reads the
+  // store to explain its failure). The store may live in this process (rank
+  // 0 hosts it under ddprun and torchrun): leaving at once would take it
+  // away before those ranks have read it, and they would report a lost
+  // connection instead of the mismatch. Never waits for a rank that had not
+  // reached `seq`.
+  void acknowledge_mismatch(uint64_t seq, std::chrono::milliseconds patience);
+
  private:
   std::string key(uint64_t seq, int rank) const;
 

@@ -36,7 +36,31 @@ namespace ddp::fsdp {
 // so it stays where it was allocated. Where the memory cannot be mapped the
 // buffer is private and the all-gather sends messages as before.
 
-FlatUnit::FlatUnit(std::string label, std::vector<FlatEntry> entries, const UnitConfig& config)
+at::Tensor take_shard(std::vector<FlatEntry>& entries, int world, int rank) {
+  torch::NoGradGuard no_grad;
+  int64_t total = 0;
+  for (auto& entry : entries) {
+    entry.shape = entry.param.sizes().vec();
+    entry.numel = entry.param.numel();
+    entry.offset = total;
+    total += entry.numel;
+  }
+  const int64_t shard_numel = (total + world - 1) / world;
+  const int64_t begin = rank * shard_numel, end = begin + shard_numel;
+  auto shard = torch::zeros({shard_numel}, entries.front().param.options().requires_grad(false));
+  for (auto& entry : entries) {
+    const int64_t from = std::max(begin, entry.offset), to = std::min(end, entry.offset + entry.numel);
+    if (from < to) {
+      shard.narrow(0, from - begin, to - from)
+          .copy_(entry.param.detach().reshape({-1}).narrow(0, from - entry.offset, to - from));
+    }
+    entry.param.set_data(torch::empty({0}, entry.param.options()));
+    entry.laid_out = true;
+  }
+  return shard;
+}
+
+FlatUnit::FlatUnit(std::string label, std::vector<FlatEntry> entries, const UnitConfig& config, at::Tensor shard)
     : label_(std::move(label)), entries_(std::move(entries)), config_(config) {
   DDP_INTERNAL_ASSERT(!entries_.empty(), "a unit without parameters");
   if (config_.shard_group) {
@@ -54,8 +78,11 @@ FlatUnit::FlatUnit(std::string label, std::vector<FlatEntry> entries, const Unit
               " mixes frozen and trainable parameters (", entries_.front().name, " requires_grad=",
               first.requires_grad(), ", ", entry.name, " requires_grad=", entry.param.requires_grad(),
               "); put the frozen ones in a unit of their own");
-    entry.shape = entry.param.sizes().vec();
-    entry.numel = entry.param.numel();
+    DDP_INTERNAL_ASSERT(entry.laid_out == shard.defined(), "a unit laid out in part");
+    if (!entry.laid_out) {
+      entry.shape = entry.param.sizes().vec();
+      entry.numel = entry.param.numel();
+    }
     entry.offset = total_numel_;
     total_numel_ += entry.numel;
   }
@@ -64,11 +91,15 @@ FlatUnit::FlatUnit(std::string label, std::vector<FlatEntry> entries, const Unit
   reduce_dtype_ = config_.reduce_dtype.value_or(compute_dtype_);
 
   torch::NoGradGuard no_grad;
-  auto flat = torch::zeros({padded_numel()}, first.options().requires_grad(false));
-  for (const auto& entry : entries_) {
-    flat.narrow(0, entry.offset, entry.numel).copy_(entry.param.detach().reshape({-1}));
+  at::Tensor own = shard;
+  if (!own.defined()) {
+    auto flat = torch::zeros({padded_numel()}, first.options().requires_grad(false));
+    for (const auto& entry : entries_) {
+      flat.narrow(0, entry.offset, entry.numel).copy_(entry.param.detach().reshape({-1}));
+    }
+    own = flat.narrow(0, shard_rank_ * shard_numel_, shard_numel_);
   }
-  const auto own = flat.narrow(0, shard_rank_ * shard_numel_, shard_numel_);
+  DDP_INTERNAL_ASSERT(own.numel() == shard_numel_, "a shard of the wrong size");
   if (config_.shared_reduce && shard_world_ > 1) {
     // Note [Shards in mapped memory]
     shard_ = config_.shard_group->allocate_collective_buffer(shard_numel_, own.options());
@@ -77,6 +108,11 @@ FlatUnit::FlatUnit(std::string label, std::vector<FlatEntry> entries, const Unit
       gather_source_ = config_.shard_group->allocate_collective_buffer(
           shard_numel_, own.options().dtype(compute_dtype_));
     }
+  } else if (config_.offload_params && !first.device().is_cpu()) {
+    // Host memory, pinned so that the copies to the GPU run asynchronously.
+    offloaded_ = true;
+    shard_ = torch::empty({shard_numel_}, own.options().device(at::kCPU).pinned_memory(true));
+    shard_.copy_(own);
   } else {
     shard_ = own.clone();
   }
@@ -124,6 +160,10 @@ void FlatUnit::start_gather() {
   torch::NoGradGuard no_grad;
   allocate_full();
   gather_input_ = shard_.detach();
+  if (offloaded_) {
+    // From pinned memory: queued on the GPU's stream, the CPU goes on.
+    gather_input_ = gather_input_.to(full_.device(), compute_dtype_, /*non_blocking=*/true);
+  }
   if (gather_source_.defined()) {
     gather_input_ = gather_source_.copy_(gather_input_);
   } else if (gather_input_.scalar_type() != compute_dtype_) {
@@ -270,6 +310,11 @@ void FlatUnit::finish_reduce() {
     reduced.div_(config_.postdivide);
   }
   at::Tensor& grad = shard_.mutable_grad();
+  if (offloaded_) {
+    // To host memory (the optimizer steps there); the copy waits for the
+    // reduction's stream.
+    reduced = reduced.to(at::kCPU, shard_.scalar_type());
+  }
   if (grad.defined()) {
     grad.add_(reduced.to(grad.scalar_type()));
     if (!reduce_in_shared_) {
@@ -292,9 +337,11 @@ at::Tensor FlatUnit::gather_flat(const at::Tensor& shard_like) {
   if (shard_world_ == 1) {
     return shard_like.detach().clone();
   }
-  auto full = torch::empty({padded_numel()}, shard_like.options().requires_grad(false));
+  // An offloaded shard's collective runs on the unit's GPU.
+  const auto input = shard_like.detach().to(device()).contiguous();
+  auto full = torch::empty({padded_numel()}, input.options().requires_grad(false));
   internal::CollectiveLabel label(c10::str("FSDP unit ", label_, " full state"));
-  config_.shard_group->allgather_into_tensor(full, shard_like.detach().contiguous())->wait();
+  config_.shard_group->allgather_into_tensor(full, input)->wait();
   return full;
 }
 

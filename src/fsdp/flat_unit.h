@@ -84,6 +84,8 @@ struct UnitConfig {
   std::shared_ptr<BufferPool> pool;
   // Set on MPI: see SharedReduceBuffers.
   std::shared_ptr<SharedReduceBuffers> shared_reduce;
+  // CPUOffload.offload_params: shards of units on a GPU live in host memory.
+  bool offload_params = false;
 };
 
 // One parameter's place in the flat buffer.
@@ -93,7 +95,16 @@ struct FlatEntry {
   std::vector<int64_t> shape;
   int64_t offset = 0;
   int64_t numel = 0;
+  // Laid out by take_shard: shape and numel set, `param` already empty.
+  bool laid_out = false;
 };
+
+// For a unit built late (a deferred FsdpUnit): lays `entries` out as
+// FlatUnit does, returns this rank's shard of their values (`rank` of
+// `world`; only the overlapping slices are copied), and points each
+// parameter at an empty tensor of its dtype and device, so that the unit's
+// full values can go. FlatUnit then takes the shard.
+at::Tensor take_shard(std::vector<FlatEntry>& entries, int world, int rank);
 
 class FlatUnit {
  public:
@@ -101,7 +112,9 @@ class FlatUnit {
 
   // Takes `params` (distinct tensors, one dtype and device) and keeps this
   // rank's shard of their current values; the parameters are left empty.
-  FlatUnit(std::string label, std::vector<FlatEntry> entries, const UnitConfig& config);
+  // With `shard` (of take_shard), the entries are laid out already and
+  // their shard is `shard`.
+  FlatUnit(std::string label, std::vector<FlatEntry> entries, const UnitConfig& config, at::Tensor shard = {});
   ~FlatUnit();
   FlatUnit(const FlatUnit&) = delete;
   FlatUnit& operator=(const FlatUnit&) = delete;
@@ -109,6 +122,11 @@ class FlatUnit {
   const std::string& label() const { return label_; }
   const std::vector<FlatEntry>& entries() const { return entries_; }
   at::Tensor& shard() { return shard_; }
+  // Where the unit computes (its gathered parameters), and where tensors
+  // for its collectives go: the shard's device unless it is offloaded.
+  c10::Device device() const { return full_.device(); }
+  // The shard lives in host memory while the unit computes on a GPU.
+  bool offloaded() const { return offloaded_; }
   int64_t shard_numel() const { return shard_numel_; }
   int64_t padded_numel() const { return shard_numel_ * shard_world_; }
   // This rank's shard is elements [shard_rank() * shard_numel(), +
@@ -165,6 +183,7 @@ class FlatUnit {
   int64_t shard_numel_ = 0;
   at::ScalarType compute_dtype_;
   at::ScalarType reduce_dtype_;
+  bool offloaded_ = false;
 
   at::Tensor shard_;
   at::Tensor full_;  // its storage outlives every free; see Note [Refilled storage]

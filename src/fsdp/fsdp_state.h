@@ -49,6 +49,18 @@ class FsdpUnitState {
 };
 } // namespace detail
 
+// Where a unit is in the iteration (FSDP2's TrainingState). A checkpointed
+// module inside a unit (ddp::Checkpointed) runs its forward again while its
+// unit is in kPreBackward: gathered, its gradients not yet all arrived.
+enum class TrainingState {
+  kIdle,        // between its forwards, or before the first
+  kForward,     // its forward runs
+  kPreBackward, // its backward started (gathered again), gradients arriving
+  kPostBackward // every gradient arrived: reduced (or reducing) and freed
+};
+
+const char* to_string(TrainingState state);
+
 // Reductions started and not yet finished, at most: each holds its unit's
 // full gradient (in the reduce dtype) until it is finished.
 constexpr size_t kReductionsInFlight = 2;
@@ -71,9 +83,7 @@ struct FullyShardedDataParallelImpl::State : std::enable_shared_from_this<State>
   bool in_forward = false;
   std::vector<size_t> forward_order;      // units whose forward ran with grad
   std::vector<size_t> last_forward_order; // the previous iteration's (prefetch)
-  std::vector<char> in_order;             // per unit: in forward_order
-  std::vector<char> backward_started;     // per unit: pre-backward ran
-  std::vector<char> ready;                // per unit: every gradient arrived
+  std::vector<TrainingState> training;   // per unit
   size_t next_reduce = 0;                 // into forward_order, from the back
   std::deque<size_t> reducing;            // started, not finished, in order
   bool callback_queued = false;
@@ -90,6 +100,7 @@ struct FullyShardedDataParallelImpl::State : std::enable_shared_from_this<State>
   void unit_post_forward(size_t unit, std::vector<at::Tensor>& outputs);
   void pre_backward(size_t unit);
   void unit_ready(size_t unit);
+  bool in_forward_order(size_t unit) const;
   void flush_reductions();
   void finish_backward();
   // The unit after `unit` in the last iteration's forward order, or -1.

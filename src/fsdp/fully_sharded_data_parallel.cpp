@@ -12,9 +12,12 @@
 
 #include <ddp/group.h>
 #include <ddp/init.h>
+#include <ddp/nn/deferred_init.h>
 #include <ddp/nn/fully_sharded_data_parallel.h>
 
 #include "checkpoint/names.h"
+#include "fsdp/auto_wrap.h"
+#include "fsdp/construction_checks.h"
 #include "fsdp/fsdp_state.h"
 #include "internal/check.h"
 #include "internal/hash.h"
@@ -32,6 +35,7 @@ struct UnitPlan {
   std::string label;
   std::vector<FlatEntry> entries;
   std::shared_ptr<FsdpUnitImpl> unit_module; // custom modules only
+  at::Tensor shard;                          // a deferred unit's, taken when built
 };
 
 // Which unit claims each parameter (by TensorImpl), to refuse sharing.
@@ -80,79 +84,6 @@ std::string join_prefix(const std::string& prefix, const std::string& name) {
   return prefix.empty() ? name : prefix + "." + name;
 }
 
-// Broadcasts rank 0's `text` over `group` (its size, then its bytes).
-// Every rank's parameters and buffers hold the same values (a checksum of
-// each: a hash of its bytes), or every rank throws naming the first that
-// differs: FSDP, unlike DDP, broadcasts nothing, and shards of models
-// initialised apart would train a mix of them. A collective; the tensors
-// are read one at a time (each copied to the host when on a GPU).
-void check_same_values(const torch::nn::Module& module, ProcessGroup& group, const c10::Device& device,
-                       const std::string& who) {
-  std::vector<std::string> names;
-  std::vector<int64_t> sums;
-  auto add = [&](const std::string& name, const at::Tensor& tensor) {
-    const auto bytes = tensor.detach().to(at::kCPU).contiguous();
-    names.push_back(name);
-    sums.push_back(static_cast<int64_t>(
-        internal::fnv1a(std::string(static_cast<const char*>(bytes.data_ptr()), bytes.nbytes())) >> 1));
-  };
-  for (const auto& item : checkpoint::named_state(module)) {
-    add(item.name, item.tensor);
-  }
-  if (sums.empty()) {
-    return;
-  }
-  auto mine = torch::tensor(sums, torch::kLong).to(device);
-  std::vector<at::Tensor> all;
-  for (int r = 0; r < group.size(); ++r) {
-    all.push_back(torch::empty_like(mine));
-  }
-  group.allgather(all, mine)->wait();
-  const auto first = all[0].cpu();
-  for (int r = 1; r < group.size(); ++r) {
-    const auto theirs = all[r].cpu();
-    for (size_t i = 0; i < names.size(); ++i) {
-      DDP_CHECK(theirs[static_cast<int64_t>(i)].item<int64_t>() == first[static_cast<int64_t>(i)].item<int64_t>(),
-                who, ": the ranks' initial values differ, first at '", names[i], "' (rank ", r,
-                " against rank 0): FSDP shards what each rank holds and broadcasts nothing, so the model would "
-                "train a mix of them. Build the model from the same seed on every rank, or pass "
-                "FullyShardedDataParallelOptions().sync_module_states(true) to take rank 0's values (PyTorch's "
-                "sync_module_states)");
-    }
-  }
-}
-
-std::string broadcast_text(ProcessGroup& group, const std::string& text, const c10::Device& device) {
-  auto size = torch::tensor({static_cast<int64_t>(text.size())}, torch::kLong).to(device);
-  group.broadcast(size, BroadcastOptions{0})->wait();
-  const int64_t n = size.cpu().item<int64_t>();
-  auto bytes = torch::zeros({n}, torch::kUInt8);
-  if (group.rank() == 0) {
-    std::memcpy(bytes.data_ptr(), text.data(), text.size());
-  }
-  bytes = bytes.to(device);
-  group.broadcast(bytes, BroadcastOptions{0})->wait();
-  bytes = bytes.cpu();
-  return std::string(static_cast<const char*>(bytes.data_ptr()), static_cast<size_t>(n));
-}
-
-// The first line where `a` and `b` differ, for an error message.
-std::string first_difference(const std::string& a, const std::string& b) {
-  std::istringstream sa(a), sb(b);
-  std::string la, lb;
-  while (true) {
-    const bool more_a = static_cast<bool>(std::getline(sa, la));
-    const bool more_b = static_cast<bool>(std::getline(sb, lb));
-    if (!more_a && !more_b) {
-      return "(no line differs)";
-    }
-    if (!more_a || !more_b || la != lb) {
-      return c10::str("rank 0: '", more_a ? la : std::string("(nothing)"), "', this rank: '",
-                      more_b ? lb : std::string("(nothing)"), "'");
-    }
-  }
-}
-
 } // namespace
 
 const char* to_string(ShardingStrategy strategy) {
@@ -167,6 +98,20 @@ const char* to_string(ShardingStrategy strategy) {
       return "kHybridShard";
   }
   return "(unknown ShardingStrategy)";
+}
+
+const char* to_string(TrainingState state) {
+  switch (state) {
+    case TrainingState::kIdle:
+      return "idle";
+    case TrainingState::kForward:
+      return "forward";
+    case TrainingState::kPreBackward:
+      return "pre-backward";
+    case TrainingState::kPostBackward:
+      return "post-backward";
+  }
+  return "(unknown TrainingState)";
 }
 
 // ---- FsdpUnit and the no_sync guard ----
@@ -259,6 +204,7 @@ FullyShardedDataParallelImpl::FullyShardedDataParallelImpl(
       break;
     }
   }
+  s.config.offload_params = options.cpu_offload().offload_params();
   s.config.param_dtype = options.mixed_precision().param_dtype();
   s.config.reduce_dtype = options.mixed_precision().reduce_dtype();
   // PyTorch's split of the division by the world size around the reduction
@@ -276,16 +222,63 @@ FullyShardedDataParallelImpl::FullyShardedDataParallelImpl(
   // The units.
   Claims claims(who);
   std::vector<UnitPlan> plans;
+  const auto& policy = options.auto_wrap_policy();
+  // The FsdpUnits inside `module` (at `prefix`) as units.
+  auto add_units_inside = [&](const std::shared_ptr<torch::nn::Module>& module, const std::string& prefix) {
+    for (const auto& [path, unit] : units_inside(module, prefix)) {
+      const auto nested = units_inside(unit, path);
+      DDP_CHECK(nested.empty(), who, ": unit ", nested.empty() ? path : nested.front().first,
+                " is nested in unit ", path, "; units must not nest: wrap the inner module or the outer one");
+      const bool deferred = !unit->built();
+      if (deferred) {
+        // Built, initialised and sharded now: its full values exist only
+        // until this rank's shard is taken.
+        DDP_CHECK(options.param_init(), who, ": unit ", path,
+                  " is deferred (ddp::deferred_unit) and nothing says how to initialise it: pass "
+                  "FullyShardedDataParallelOptions().param_init(ddp::ParamInit().seed(...))");
+        unit->build();
+        seeded_init(*unit->module(), *options.param_init(), path);
+        unit->module()->to(options.param_init()->device());
+      }
+      UnitPlan plan{path, {}, unit, {}};
+      for (const auto& item : unit->named_parameters()) {
+        claims.claim(plan, join_prefix(path, item.key()), item.value());
+      }
+      if (deferred && !plan.entries.empty()) {
+        const auto& group = s.config.shard_group;
+        plan.shard = fsdp::take_shard(plan.entries, group ? group->size() : 1, group ? group->rank() : 0);
+      }
+      if (!plan.entries.empty()) {
+        plans.push_back(std::move(plan));
+      }
+    }
+  };
+  if (options.param_init()) {
+    // What is built; deferred units as they are built below.
+    seeded_init(*module_, *options.param_init());
+  }
   if (sequential_) {
     for (size_t i = 0; i < sequential_->size(); ++i) {
       auto child = sequential_->ptr(i);
       const std::string path = std::to_string(i);
-      const auto nested = units_inside(child, path);
-      DDP_CHECK(nested.empty() && !std::dynamic_pointer_cast<FsdpUnitImpl>(child), who,
-                ": the Sequential's child ", path, " holds an FsdpUnit (",
-                nested.empty() ? path : nested.front().first,
-                "); each child of a Sequential is a unit already: remove the FsdpUnit");
-      UnitPlan plan{"child " + path, {}, nullptr};
+      if (policy) {
+        // The policy chooses among the children; inside those it leaves
+        // out, among the children of their Sequentials.
+        const bool holds = fsdp::auto_wrap(*child, path, policy);
+        if (holds || !policy(path, *child, fsdp::parameter_numel(*child))) {
+          s.unit_of_child.push_back(-1);
+          add_units_inside(child, path);
+          continue;
+        }
+      } else {
+        const auto nested = units_inside(child, path);
+        DDP_CHECK(nested.empty() && !std::dynamic_pointer_cast<FsdpUnitImpl>(child), who,
+                  ": the Sequential's child ", path, " holds an FsdpUnit (",
+                  nested.empty() ? path : nested.front().first,
+                  "); each child of a Sequential is a unit already: remove the FsdpUnit, or pass an "
+                  "auto_wrap_policy to choose the units");
+      }
+      UnitPlan plan{"child " + path, {}, nullptr, {}};
       for (const auto& item : child->named_parameters()) {
         claims.claim(plan, join_prefix(path, item.key()), item.value());
       }
@@ -295,18 +288,10 @@ FullyShardedDataParallelImpl::FullyShardedDataParallelImpl(
       }
     }
   } else {
-    for (const auto& [path, unit] : units_inside(module_, "")) {
-      const auto nested = units_inside(unit, path);
-      DDP_CHECK(nested.empty(), who, ": unit ", nested.empty() ? path : nested.front().first,
-                " is nested in unit ", path, "; units must not nest: wrap the inner module or the outer one");
-      UnitPlan plan{path, {}, unit};
-      for (const auto& item : unit->named_parameters()) {
-        claims.claim(plan, join_prefix(path, item.key()), item.value());
-      }
-      if (!plan.entries.empty()) {
-        plans.push_back(std::move(plan));
-      }
+    if (policy) {
+      fsdp::auto_wrap(*module_, "", policy);
     }
+    add_units_inside(module_, "");
   }
   {
     // What no unit holds: the root unit. A parameter that a unit holds and
@@ -317,7 +302,7 @@ FullyShardedDataParallelImpl::FullyShardedDataParallelImpl(
         in_units.insert(entry.name);
       }
     }
-    UnitPlan root{"(root)", {}, nullptr};
+    UnitPlan root{"(root)", {}, nullptr, {}};
     for (const auto& item : module_->named_parameters()) {
       const bool inside = std::any_of(plans.begin(), plans.end(), [&](const UnitPlan& plan) {
         return plan.unit_module && item.key().rfind(plan.label + ".", 0) == 0;
@@ -339,41 +324,24 @@ FullyShardedDataParallelImpl::FullyShardedDataParallelImpl(
   c10::Device device(c10::kCPU);
   std::ostringstream description;
   description << "strategy " << to_string(options.sharding_strategy()) << "\n";
+  if (options.param_init()) {
+    description << "param_init seed " << options.param_init()->seed() << "\n";
+  }
   for (const auto& plan : plans) {
     description << "unit " << plan.label << "\n";
     for (const auto& entry : plan.entries) {
-      description << "  " << entry.name << " " << entry.param.sizes() << " " << entry.param.scalar_type() << " "
-                  << c10::DeviceTypeName(entry.param.device().type()) << "\n";
+      description << "  " << entry.name << " "
+                  << (entry.laid_out ? c10::IntArrayRef(entry.shape) : entry.param.sizes()) << " "
+                  << entry.param.scalar_type() << " " << c10::DeviceTypeName(entry.param.device().type()) << "\n";
       device = entry.param.device();
     }
   }
   const std::string mine = description.str();
   if (s.group->size() > 1) {
-    auto hash = torch::tensor({static_cast<int64_t>(internal::fnv1a(mine) >> 1)}, torch::kLong).to(device);
-    std::vector<at::Tensor> hashes;
-    for (int r = 0; r < s.group->size(); ++r) {
-      hashes.push_back(torch::empty_like(hash));
-    }
-    s.group->allgather(hashes, hash)->wait();
-    std::vector<int> differ;
-    for (int r = 1; r < s.group->size(); ++r) {
-      if (!hashes[r].cpu().equal(hashes[0].cpu())) {
-        differ.push_back(r);
-      }
-    }
-    if (!differ.empty()) {
-      const std::string theirs = broadcast_text(*s.group, mine, device);
-      std::string ranks;
-      for (const int r : differ) {
-        ranks += (ranks.empty() ? "" : ", ") + std::to_string(r);
-      }
-      DDP_CHECK(false, who, ": ranks wrap different units: rank(s) ", ranks,
-                " differ from rank 0 (every rank must wrap the same model); first difference: ",
-                first_difference(theirs, mine));
-    }
+    fsdp::check_same_units(*s.group, mine, device, who);
   }
   if (!options.sync_module_states() && s.group->size() > 1) {
-    check_same_values(*module_, *s.group, device, who);
+    fsdp::check_same_values(*module_, *s.group, device, who);
   }
   if (options.sync_module_states() && s.group->size() > 1) {
     torch::NoGradGuard no_grad;
@@ -393,7 +361,7 @@ FullyShardedDataParallelImpl::FullyShardedDataParallelImpl(
       const size_t item = std::max({static_cast<size_t>(entry.param.element_size()),
                                     c10::elementSize(s.config.param_dtype.value_or(entry.param.scalar_type())),
                                     c10::elementSize(s.config.reduce_dtype.value_or(entry.param.scalar_type()))});
-      bytes += static_cast<size_t>(entry.param.numel()) * item;
+      bytes += static_cast<size_t>(entry.laid_out ? entry.numel : entry.param.numel()) * item;
     }
     largest = std::max(largest, bytes);
   }
@@ -409,7 +377,7 @@ FullyShardedDataParallelImpl::FullyShardedDataParallelImpl(
     for (const auto& plan : plans) {
       int64_t total = 0;
       for (const auto& entry : plan.entries) {
-        total += entry.param.numel();
+        total += entry.laid_out ? entry.numel : entry.param.numel();
       }
       const int64_t world = s.config.shard_group->size();
       shared->numel = std::max(shared->numel, (total + world - 1) / world * world);
@@ -421,7 +389,7 @@ FullyShardedDataParallelImpl::FullyShardedDataParallelImpl(
     for (size_t e = 0; e < plan.entries.size(); ++e) {
       s.where[plan.entries[e].name] = {u, e};
     }
-    s.units.push_back(std::make_unique<FlatUnit>(plan.label, std::move(plan.entries), s.config));
+    s.units.push_back(std::make_unique<FlatUnit>(plan.label, std::move(plan.entries), s.config, plan.shard));
     register_parameter("flat_param_" + std::to_string(u), s.units.back()->shard(),
                        s.units.back()->shard().requires_grad());
     if (plan.unit_module) {
@@ -443,10 +411,7 @@ FullyShardedDataParallelImpl::FullyShardedDataParallelImpl(
       }
     }
   }
-  const size_t n = s.units.size();
-  s.in_order.assign(n, 0);
-  s.backward_started.assign(n, 0);
-  s.ready.assign(n, 0);
+  s.training.assign(s.units.size(), TrainingState::kIdle);
 }
 
 FullyShardedDataParallelImpl::~FullyShardedDataParallelImpl() {
@@ -481,6 +446,12 @@ std::vector<std::string> FullyShardedDataParallelImpl::unit_parameter_names(size
   return names;
 }
 
+std::string FullyShardedDataParallelImpl::unit_label(size_t unit) const {
+  DDP_CHECK(unit < state_->units.size(), state_->config.who, ": unit ", unit, " does not exist (there are ",
+            state_->units.size(), ")");
+  return state_->units[unit]->label();
+}
+
 void FullyShardedDataParallelImpl::train(bool on) {
   torch::nn::Module::train(on);
   module_->train(on);
@@ -508,9 +479,7 @@ void FullyShardedDataParallelImpl::begin_forward() {
     s.last_forward_order = s.forward_order;
   }
   s.forward_order.clear();
-  std::fill(s.in_order.begin(), s.in_order.end(), 0);
-  std::fill(s.backward_started.begin(), s.backward_started.end(), 0);
-  std::fill(s.ready.begin(), s.ready.end(), 0);
+  std::fill(s.training.begin(), s.training.end(), TrainingState::kIdle);
   s.next_reduce = 0;
   s.pending_free = -1;
   if (s.root_unit >= 0) {
@@ -575,12 +544,16 @@ int State::next_in_last_order(size_t unit) const {
   return static_cast<int>(*(at + 1));
 }
 
+bool State::in_forward_order(size_t unit) const {
+  return std::find(forward_order.begin(), forward_order.end(), unit) != forward_order.end();
+}
+
 void State::unit_pre_forward(size_t unit, int next_unit) {
   FlatUnit& flat = *units[unit];
   flat.ensure_gathered();
+  training[unit] = TrainingState::kForward;
   if (torch::GradMode::is_enabled() && flat.shard().requires_grad()) {
-    if (!in_order[unit]) {
-      in_order[unit] = 1;
+    if (!in_forward_order(unit)) {
       forward_order.push_back(unit);
     }
     flat.hook_gradients([this, unit] { unit_ready(unit); });
@@ -610,7 +583,11 @@ void State::unit_post_forward(size_t unit, std::vector<at::Tensor>& outputs) {
       }
     }
   }
-  if (unit >= units.size() || static_cast<int>(unit) == root_unit) {
+  if (unit >= units.size()) {
+    return;
+  }
+  training[unit] = TrainingState::kIdle;
+  if (static_cast<int>(unit) == root_unit) {
     return;
   }
   // Without a hooked output, backward would reach the unit ungathered:
@@ -639,16 +616,29 @@ void State::pre_backward(size_t unit) {
       }
     });
   }
-  if (unit >= units.size() || backward_started[unit]) {
+  if (unit >= units.size()) {
     return;
   }
-  backward_started[unit] = 1;
+  if (training[unit] == TrainingState::kPreBackward) {
+    // Another of its outputs (a unit called twice, a model called twice
+    // before one backward): still gathered, unless an optimizer or a load
+    // touched it in between. A checkpointed module recomputes with it.
+    if (units[unit]->state() == FlatUnit::State::kSharded) {
+      units[unit]->ensure_gathered();
+    }
+    return;
+  }
+  if (training[unit] == TrainingState::kPostBackward) {
+    return;
+  }
+  training[unit] = TrainingState::kPreBackward;
   units[unit]->ensure_gathered();
   if (options.backward_prefetch()) {
     const auto at = std::find(forward_order.begin(), forward_order.end(), unit);
     if (at != forward_order.end() && at != forward_order.begin()) {
       FlatUnit& previous = *units[*(at - 1)];
-      if (!backward_started[*(at - 1)] && previous.state() == FlatUnit::State::kSharded) {
+      if (training[*(at - 1)] != TrainingState::kPreBackward &&
+          training[*(at - 1)] != TrainingState::kPostBackward && previous.state() == FlatUnit::State::kSharded) {
         previous.start_gather();
       }
     }
@@ -656,14 +646,14 @@ void State::pre_backward(size_t unit) {
 }
 
 void State::unit_ready(size_t unit) {
-  ready[unit] = 1;
+  training[unit] = TrainingState::kPostBackward;
   flush_reductions();
 }
 
 void State::flush_reductions() {
   while (next_reduce < forward_order.size()) {
     const size_t unit = forward_order[forward_order.size() - 1 - next_reduce];
-    if (!ready[unit]) {
+    if (training[unit] != TrainingState::kPostBackward) {
       return;
     }
     ++next_reduce;
@@ -687,7 +677,7 @@ void State::finish_backward() {
   callback_queued = false;
   pending_free = -1;
   for (const size_t unit : forward_order) {
-    ready[unit] = 1;
+    training[unit] = TrainingState::kPostBackward;
   }
   flush_reductions();
   while (!reducing.empty()) {
@@ -704,7 +694,7 @@ void State::finish_backward() {
   for (auto& unit : units) {
     unit->reset_backward();
   }
-  std::fill(backward_started.begin(), backward_started.end(), 0);
+  std::fill(training.begin(), training.end(), TrainingState::kIdle);
 }
 
 } // namespace ddp

@@ -240,7 +240,7 @@ void save(FullyShardedDataParallel& model, torch::optim::Optimizer* optimizer, c
   const int rank = group.rank();
   const std::string who = c10::str("[rank ", rank, "/", group.size(), "] save_sharded_checkpoint");
   DDP_CHECK(!state.in_forward, who, ": called during forward");
-  const c10::Device device = state.units.empty() ? c10::Device(c10::kCPU) : state.units.front()->shard().device();
+  const c10::Device device = state.units.empty() ? c10::Device(c10::kCPU) : state.units.front()->device();
 
   // The save id, rank 0's.
   auto id = torch::zeros({16}, torch::kUInt8);

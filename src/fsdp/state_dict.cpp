@@ -89,7 +89,7 @@ double FullyShardedDataParallelImpl::clip_grad_norm(double max_norm, double norm
   c10::Device device(c10::kCPU);
   for (auto& unit : s.units) {
     const auto& grad = unit->shard().grad();
-    device = unit->shard().device();
+    device = unit->device(); // an offloaded shard's collectives run on its GPU
     if (!grad.defined()) {
       continue;
     }

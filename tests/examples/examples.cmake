@@ -37,3 +37,12 @@ add_test(NAME blas_check
           $<TARGET_FILE:ddprun> $<TARGET_FILE:toy_model>
           /usr/lib/${CMAKE_LIBRARY_ARCHITECTURE}/blas)
 set_tests_properties(blas_check PROPERTIES TIMEOUT 60 LABELS "integration")
+
+# gpt_train against gpt.py (PyTorch) on the same weights and batches: the
+# losses of 20 steps of DDP, ZeRO, FSDP and FSDP with activation
+# checkpointing on 2 ranks (1e-4), and a DCP resume (run_gpt_train_test.sh).
+add_test(NAME gpt_train_parity
+  COMMAND sh ${CMAKE_CURRENT_SOURCE_DIR}/examples/run_gpt_train_test.sh
+          $<TARGET_FILE:ddprun> $<TARGET_FILE:gpt_train> ${PROJECT_SOURCE_DIR}/examples/gpt/gpt.py
+          ${DDP_TEST_PYTHON} ${CMAKE_CURRENT_BINARY_DIR}/examples_work/gpt_train)
+set_tests_properties(gpt_train_parity PROPERTIES TIMEOUT 240 LABELS "integration")

@@ -33,6 +33,7 @@ namespace {
 using ddp::ShardingStrategy;
 using ddp_test::Report;
 using StateDict = torch::OrderedDict<std::string, torch::Tensor>;
+using ddp_test::state_difference;
 
 constexpr double kTolerance = 1e-5;
 
@@ -58,22 +59,6 @@ std::vector<Optim> optimizers() {
 
 torch::Tensor mse(const torch::Tensor& output, const torch::Tensor& target) {
   return (output.to(torch::kFloat) - target).pow(2).mean();
-}
-
-// The largest absolute difference between two full states.
-double state_difference(const StateDict& a, const StateDict& b) {
-  if (a.size() != b.size()) {
-    return 1e30;
-  }
-  double worst = 0;
-  for (const auto& item : a) {
-    const auto* other = b.find(item.key());
-    if (other == nullptr || other->sizes() != item.value().sizes()) {
-      return 1e30;
-    }
-    worst = std::max(worst, (item.value().to(torch::kDouble) - other->to(torch::kDouble)).abs().max().item<double>());
-  }
-  return worst;
 }
 
 StateDict gathered(ddp::FullyShardedDataParallel& model) {
@@ -432,6 +417,9 @@ int main() {
         {"kFullShard forward_prefetch", O().forward_prefetch(true)},
         {"kFullShard no backward_prefetch", O().backward_prefetch(false)},
         {"kFullShard clip_grad_norm 0.05", O(), kTolerance, 0.05},
+        // On the CPU the shards are in host memory already: the option
+        // changes nothing, which this checks (tests/gpu for a GPU).
+        {"kFullShard cpu_offload", O().cpu_offload(ddp::CPUOffload().offload_params(true)), kTolerance, 0.05},
         // Nodes of W / 2 ranks when the world size W is even (2 ranks:
         // replicated, not sharded), of the whole world otherwise.
         {"kHybridShard", hybrid(*group, group->size() % 2 == 0 ? group->size() / 2 : group->size())},

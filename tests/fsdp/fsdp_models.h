@@ -52,4 +52,25 @@ struct ThreeUnitNetImpl : torch::nn::Module {
 };
 TORCH_MODULE(ThreeUnitNet);
 
+/// The largest absolute difference between two full states (compared on
+/// the CPU, in float64); 1e30 when their names or shapes differ.
+inline double state_difference(const torch::OrderedDict<std::string, torch::Tensor>& a,
+                               const torch::OrderedDict<std::string, torch::Tensor>& b) {
+  if (a.size() != b.size()) {
+    return 1e30;
+  }
+  double worst = 0;
+  for (const auto& item : a) {
+    const auto* other = b.find(item.key());
+    if (other == nullptr || other->sizes() != item.value().sizes()) {
+      return 1e30;
+    }
+    worst = std::max(worst, (item.value().to(torch::kCPU, torch::kDouble) - other->to(torch::kCPU, torch::kDouble))
+                                .abs()
+                                .max()
+                                .item<double>());
+  }
+  return worst;
+}
+
 } // namespace ddp_test

@@ -7,7 +7,9 @@
 // reduce-scatters of the gradients. Cases: the six-unit MLP with every
 // strategy and forward prefetch (Adam), the custom module of three FsdpUnits
 // and a root parameter (SGD with momentum), bfloat16 mixed precision against
-// the same by hand on the CPU, clip_grad_norm.
+// the same by hand on the CPU, clip_grad_norm, CPU offload (shards,
+// gradients and Adam's state in pinned host memory), activation
+// checkpointing (ddp::Checkpointed Linears) in float32 and bfloat16.
 //
 // Usage:
 //   build/ddprun --nproc-per-node 2 build/tests/gpu_fsdp_parity_main gloo
@@ -36,32 +38,13 @@ namespace {
 
 using ddp::ShardingStrategy;
 using StateDict = torch::OrderedDict<std::string, torch::Tensor>;
+using ddp_test::state_difference;
 
 constexpr int kSteps = 6;
 constexpr double kTolerance = 1e-5;
 
 torch::Tensor mse(const torch::Tensor& output, const torch::Tensor& target) {
   return (output.to(torch::kFloat) - target).pow(2).mean();
-}
-
-// The largest difference between two full states, on the CPU; 1e30 when
-// their names or shapes differ.
-double state_difference(const StateDict& ours, const StateDict& reference) {
-  if (ours.size() != reference.size()) {
-    return 1e30;
-  }
-  double worst = 0;
-  for (const auto& item : ours) {
-    const auto* other = reference.find(item.key());
-    if (other == nullptr || other->sizes() != item.value().sizes()) {
-      return 1e30;
-    }
-    worst = std::max(worst, (item.value().cpu().to(torch::kDouble) - other->cpu().to(torch::kDouble))
-                                .abs()
-                                .max()
-                                .item<double>());
-  }
-  return worst;
 }
 
 struct Case {
@@ -72,7 +55,22 @@ struct Case {
   double clip = 0;
   bool bf16 = false; // the reference computes in bfloat16 by hand
   double tolerance = kTolerance;
+  bool checkpointed = false; // the MLP's Linears each a ddp::Checkpointed
 };
+
+// The six-unit MLP `plain` with each Linear a ddp::Checkpointed around it
+// (the same modules: state names and values as `plain`'s).
+torch::nn::Sequential checkpointed_mlp(torch::nn::SequentialImpl& plain) {
+  torch::nn::Sequential wrapped;
+  for (size_t i = 0; i < plain.size(); ++i) {
+    if (auto linear = std::dynamic_pointer_cast<torch::nn::LinearImpl>(plain.ptr(i))) {
+      wrapped->push_back(ddp::Checkpointed(torch::nn::Linear(linear)));
+    } else {
+      wrapped->push_back(*(plain.begin() + static_cast<std::ptrdiff_t>(i)));
+    }
+  }
+  return wrapped;
+}
 
 std::unique_ptr<torch::optim::Optimizer> make_optimizer(const Case& c, std::vector<torch::Tensor> params) {
   if (c.adam) {
@@ -143,9 +141,12 @@ double run_case(const Case& c, const torch::Device& device, ddp::ProcessGroup& g
                   ? ddp::FullyShardedDataParallel(
                         ddp_test::ThreeUnitNet(std::dynamic_pointer_cast<ddp_test::ThreeUnitNetImpl>(plain)),
                         c.options)
-                  : ddp::FullyShardedDataParallel(
-                        torch::nn::Sequential(std::dynamic_pointer_cast<torch::nn::SequentialImpl>(plain)),
-                        c.options);
+                  : c.checkpointed
+                        ? ddp::FullyShardedDataParallel(
+                              checkpointed_mlp(dynamic_cast<torch::nn::SequentialImpl&>(*plain)), c.options)
+                        : ddp::FullyShardedDataParallel(
+                              torch::nn::Sequential(std::dynamic_pointer_cast<torch::nn::SequentialImpl>(plain)),
+                              c.options);
   auto optimizer = make_optimizer(c, fsdp->parameters());
   for (int step = 0; step < kSteps; ++step) {
     auto [x, y] = ddp_test::rank_batch(step, group.rank(), group.size());
@@ -156,8 +157,36 @@ double run_case(const Case& c, const torch::Device& device, ddp::ProcessGroup& g
     }
     optimizer->step();
   }
+  if (c.checkpointed) {
+    // Every Linear's forward ran checkpointed and was recomputed once in
+    // its backward.
+    int64_t forwards = 0, recomputations = 0;
+    for (const auto& m : fsdp->module()->modules()) {
+      if (auto checkpointed = std::dynamic_pointer_cast<ddp::CheckpointedImpl>(m)) {
+        forwards += checkpointed->checkpointed_forwards();
+        recomputations += checkpointed->recomputations();
+      }
+    }
+    TORCH_CHECK(forwards == 6 * kSteps && recomputations == forwards, "expected ", 6 * kSteps,
+                " checkpointed forwards, each recomputed once; counted ", forwards, " forwards and ", recomputations,
+                " recomputations");
+  }
+  // Offloaded: shards, their gradients and the optimizer's state in pinned
+  // host memory; else all on the GPU.
+  const bool offload = c.options.cpu_offload().offload_params();
+  const torch::Device home = offload ? torch::Device(torch::kCPU) : device;
   for (const auto& shard : fsdp->parameters()) {
-    TORCH_CHECK(shard.device() == device, "a shard left ", device, " for ", shard.device());
+    TORCH_CHECK(shard.device() == home, "a shard is on ", shard.device(), ", expected ", home);
+    TORCH_CHECK(!offload || shard.is_pinned(), "an offloaded shard is not in pinned memory");
+    TORCH_CHECK(!shard.grad().defined() || shard.grad().device() == home, "a shard's gradient is on ",
+                shard.grad().device(), ", expected ", home);
+  }
+  if (auto* adam = dynamic_cast<torch::optim::Adam*>(optimizer.get())) {
+    for (const auto& item : adam->state()) {
+      const auto& state = static_cast<const torch::optim::AdamParamState&>(*item.second);
+      TORCH_CHECK(state.exp_avg().device() == home, "Adam's state is on ", state.exp_avg().device(), ", expected ",
+                  home);
+    }
   }
   // Between steps every unit is sharded (kNoShard keeps its parameters):
   // the module's own parameters point at empty tensors, their gathered
@@ -182,12 +211,25 @@ std::vector<Case> cases() {
                      Options().sharding_strategy(ShardingStrategy::kShardGradOp).forward_prefetch(true)});
   all.push_back(Case{"three-unit kFullShard, SGD", true, Options(), /*adam=*/false});
   all.push_back(Case{"mlp6 kFullShard, clip_grad_norm 0.5", false, Options(), true, /*clip=*/0.5});
+  // Shards, gradients and Adam's state in host memory, the step on the CPU.
+  all.push_back(Case{"mlp6 kFullShard, cpu_offload, clip_grad_norm 0.5", false,
+                     Options().cpu_offload(ddp::CPUOffload().offload_params(true)), true, 0.5});
   // One process sums the gradients in float32 inside the matrix products,
   // W ranks sum W bfloat16 gradients, and the GPU's bfloat16 products
   // accumulate in another order than the CPU's: ~1e-3 after 6 steps.
   all.push_back(Case{"mlp6 kFullShard, bf16 mixed precision", false,
                      Options().mixed_precision(ddp::MixedPrecision().param_dtype(torch::kBFloat16)), /*adam=*/false, 0,
                      /*bf16=*/true, /*tolerance=*/5e-3});
+  // Activation checkpointing: each unit gathered again for its
+  // recomputation in backward, in float32 and in bfloat16.
+  Case checkpointed{"mlp6 kFullShard, activation checkpointing", false, Options()};
+  checkpointed.checkpointed = true;
+  all.push_back(checkpointed);
+  Case checkpointed_bf16{"mlp6 kFullShard, activation checkpointing, bf16 mixed precision", false,
+                         Options().mixed_precision(ddp::MixedPrecision().param_dtype(torch::kBFloat16)),
+                         /*adam=*/false, 0, /*bf16=*/true, /*tolerance=*/5e-3};
+  checkpointed_bf16.checkpointed = true;
+  all.push_back(checkpointed_bf16);
   return all;
 }
 

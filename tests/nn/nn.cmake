@@ -169,3 +169,6 @@ endforeach()
 ddp_add_nn_program(plain_module_main nn/plain_module_main.cpp)
 ddp_add_launched_test(plain_module_2_ranks NPROC 2 COMMAND plain_module_main CASES 5 TIMEOUT 90)
 ddp_add_alone_test(plain_module_alone COMMAND plain_module_main CASES 5 TIMEOUT 60)
+
+# ddp::Checkpointed in one process (activation checkpointing).
+ddp_add_gtest(activation_checkpoint_test SOURCES nn/activation_checkpoint_test.cpp LIBS ddp LABELS unit TIMEOUT 60)

@@ -14,9 +14,12 @@
 #include <torch/nn/pimpl.h>
 #include <torch/ordered_dict.h>
 
+#include <c10/core/Device.h>
 #include <c10/core/ScalarType.h>
 #include <c10/util/Optional.h>
 
+#include <cstdint>
+#include <functional>
 #include <memory>
 #include <string>
 #include <tuple>
@@ -61,6 +64,78 @@ struct MixedPrecision {
   TORCH_ARG(c10::optional<at::ScalarType>, reduce_dtype) = c10::nullopt;
 };
 
+/// Offloading to host memory (for training on GPUs), PyTorch's
+/// `CPUOffload`. With `offload_params`, each rank's shards (the parameters
+/// the optimizer steps), their gradients, and so the optimizer's state,
+/// live in host memory (pinned), and the optimizer steps on the CPU; a
+/// unit's shard is copied to its GPU for the all-gather (asynchronously,
+/// from pinned memory, so that a prefetch overlaps compute), and each
+/// reduced gradient shard is copied back. The model's own memory on the GPU
+/// is then the gathered units and the activations only. For a model on the
+/// CPU it changes nothing.
+struct CPUOffload {
+  /// Default: false, as PyTorch's.
+  TORCH_ARG(bool, offload_params) = false;
+};
+
+/// Which submodules become units without being wrapped in a `ddp::FsdpUnit`
+/// (PyTorch FSDP1's `auto_wrap_policy`): called for each candidate with its
+/// path in the model ("body.1.0"), the module, and how many parameter
+/// elements it holds; true makes it a unit. The candidates are the children
+/// of every Sequential in the model, at any depth, outside explicit units
+/// (a Sequential calls its children through itself, so FSDP can put a unit
+/// around one; a submodule held as a member and called directly cannot be
+/// intercepted: wrap it in a ddp::FsdpUnit), and, for a Sequential model,
+/// its own children. They are visited bottom-up; a candidate that holds a
+/// unit already (an explicit one, or one the policy chose below it) is not
+/// one, since units do not nest: its other parameters join the root unit,
+/// as do those of every candidate the policy leaves out. A chosen child of
+/// a nested Sequential must take and return one tensor. See
+/// `module_wrap_policy` and `size_based_auto_wrap_policy`.
+using AutoWrapPolicy =
+    std::function<bool(const std::string& path, const torch::nn::Module& module, int64_t numel)>;
+
+/// A unit of every module of one of the types `ModuleImpls` (the Impl
+/// classes: `ddp::module_wrap_policy<BlockImpl>()`), PyTorch's
+/// `ModuleWrapPolicy`.
+template <typename... ModuleImpls>
+AutoWrapPolicy module_wrap_policy() {
+  return [](const std::string&, const torch::nn::Module& module, int64_t) {
+    return ((dynamic_cast<const ModuleImpls*>(&module) != nullptr) || ...);
+  };
+}
+
+/// A unit of every candidate with at least `min_num_params` parameter
+/// elements, PyTorch's `size_based_auto_wrap_policy` (whose default is 1e8).
+AutoWrapPolicy size_based_auto_wrap_policy(int64_t min_num_params = 100000000);
+
+/// Initialises `module`'s own parameters and buffers (not its children's),
+/// drawing from the default CPU generator, which `seeded_init` has seeded
+/// for it. `path` is the module's name in the model as state dicts name it
+/// ("transformer.h.0.attn.c_proj"): an init may depend on it (GPT-2 scales
+/// its residual projections).
+using ModuleInit = std::function<void(torch::nn::Module& module, const std::string& path)>;
+
+/// LibTorch's own initialisation, the distribution its constructors draw
+/// from: `reset_parameters()` of Linear, Bilinear, Conv1d/2d/3d,
+/// ConvTranspose1d/2d/3d, Embedding, EmbeddingBag, LayerNorm, GroupNorm,
+/// BatchNorm1d/2d/3d, InstanceNorm1d/2d/3d and PReLU (its weight to its
+/// initial value). Throws c10::Error naming the module for a module of
+/// another type that holds parameters: pass a ModuleInit for it.
+void reset_parameters(torch::nn::Module& module, const std::string& path);
+
+/// How `seeded_init` and deferred units initialise.
+struct ParamInit {
+  /// The model's seed. Default: 0.
+  TORCH_ARG(uint64_t, seed) = 0;
+  /// Default: ddp::reset_parameters.
+  TORCH_ARG(ModuleInit, init) = reset_parameters;
+  /// Where a deferred unit's parameters go once built and initialised
+  /// (they are initialised on the CPU whatever the device, so that the
+  /// values do not depend on it). Default: the CPU.
+  TORCH_ARG(c10::Device, device) = c10::Device(c10::kCPU);
+};
+
 /// Options of FullyShardedDataParallel. PyTorch's defaults.
 /// Example:
 /// ```
@@ -77,6 +152,8 @@ struct FullyShardedDataParallelOptions {
   TORCH_ARG(ShardingStrategy, sharding_strategy) = ShardingStrategy::kFullShard;
   /// Default: no mixed precision.
   TORCH_ARG(MixedPrecision, mixed_precision) = {};
+  /// Default: nothing offloaded.
+  TORCH_ARG(CPUOffload, cpu_offload) = {};
   /// Start gathering the next unit's parameters while the current unit's
   /// forward runs (memory of two gathered units). Default: false.
   TORCH_ARG(bool, forward_prefetch) = false;
@@ -99,6 +176,15 @@ struct FullyShardedDataParallelOptions {
   TORCH_ARG(std::shared_ptr<ProcessGroup>, shard_group) = nullptr;
   /// See shard_group. Default: nullptr.
   TORCH_ARG(std::shared_ptr<ProcessGroup>, replicate_group) = nullptr;
+  /// Units chosen by a policy, besides the explicit ones; see
+  /// AutoWrapPolicy. Default: none (a Sequential's children are its units; a
+  /// custom module's units are its FsdpUnits).
+  TORCH_ARG(AutoWrapPolicy, auto_wrap_policy) = nullptr;
+  /// Initialise the model with ddp::seeded_init at construction, and build
+  /// its deferred units (ddp::deferred_unit) one at a time, keeping only
+  /// this rank's shards (include <ddp/nn/deferred_init.h>). Default: none:
+  /// the values the model holds, and no deferred unit.
+  TORCH_ARG(c10::optional<ParamInit>, param_init) = c10::nullopt;
 };
 
 /// Options of `full_state_dict()`, PyTorch's FullStateDictConfig.
@@ -145,6 +231,9 @@ class FsdpUnitImpl : public torch::nn::Module {
   /// returns (a tensor, a std::vector or std::tuple of tensors, ...).
   template <typename ReturnType = torch::Tensor, typename... Args>
   ReturnType forward(Args&&... args) {
+    if (!module_) {
+      fail_not_built();
+    }
     if (!state_) {
       return any_.template forward<ReturnType>(std::forward<Args>(args)...);
     }
@@ -156,8 +245,25 @@ class FsdpUnitImpl : public torch::nn::Module {
     return output;
   }
 
-  /// The wrapped submodule.
+  /// The wrapped submodule (nullptr while a deferred unit is not built).
   const std::shared_ptr<torch::nn::Module>& module() const { return module_; }
+
+  /// A unit whose submodule `factory` builds later (ddp::deferred_unit).
+  struct Deferred {
+    std::function<torch::nn::AnyModule()> factory;
+  };
+  explicit FsdpUnitImpl(Deferred deferred) : factory_(std::move(deferred.factory)) {}
+
+  /// Builds a deferred unit's submodule (its parameters as its
+  /// constructor makes them) and registers it; nothing for a built unit.
+  /// ddp::materialize and FullyShardedDataParallel call it.
+  void build();
+  bool built() const { return module_ != nullptr; }
+
+ protected:
+  /// Wraps what `module` holds (auto-wrapped units).
+  explicit FsdpUnitImpl(torch::nn::AnyModule module)
+      : any_(std::move(module)), module_(register_module("module", any_.ptr())) {}
 
  private:
   friend class FullyShardedDataParallelImpl;
@@ -176,8 +282,11 @@ class FsdpUnitImpl : public torch::nn::Module {
   template <typename T>
   static void collect_tensors(const T&, std::vector<at::Tensor>&) {}
 
+  [[noreturn]] static void fail_not_built();
+
   torch::nn::AnyModule any_;
   std::shared_ptr<torch::nn::Module> module_;
+  std::function<torch::nn::AnyModule()> factory_; // deferred units, until built
   // Set by the FullyShardedDataParallel that wraps the model holding this
   // unit; it outlives the call (the model's forward runs inside it).
   std::shared_ptr<detail::FsdpUnitState> state_;
@@ -312,6 +421,10 @@ class FullyShardedDataParallelImpl : public torch::nn::Module {
   /// parameters), and unit i's parameter names, in the wrapped module.
   size_t num_units() const;
   std::vector<std::string> unit_parameter_names(size_t unit) const;
+  /// Unit i's label: "child 3" (a Sequential model's child), the path of
+  /// an FsdpUnit or of a submodule the auto-wrap policy chose ("body.1.0"),
+  /// or "(root)".
+  std::string unit_label(size_t unit) const;
 
   /// Propagates train/eval to the wrapped module.
   void train(bool on = true) override;

@@ -434,6 +434,12 @@ class DDP_GLOO_HIDDEN ProcessGroupGloo::Impl {
     std::exception_ptr error;
     if (const auto mismatch = find_mismatch(task.fingerprint)) {
       error = std::make_exception_ptr(CollectiveMismatchError(c10::str(task.work->name(), ": ", *mismatch)));
+      try {
+        fingerprints_->acknowledge_mismatch(task.fingerprint.seq,
+                                            std::min<std::chrono::milliseconds>(kMismatchPatience, task.timeout));
+      } catch (const std::exception&) {
+        // The store is gone: the other ranks report what they can.
+      }
     } else if (internal::classify_gloo_error(what) == internal::GlooFailure::kTimeout) {
       error = std::make_exception_ptr(TimeoutError(c10::str(
           task.work->name(), ": timed out after ", task.timeout.count(),
@@ -537,6 +543,9 @@ class DDP_GLOO_HIDDEN ProcessGroupGloo::Impl {
   };
   static constexpr std::chrono::milliseconds kStallDelay{1000};
   static constexpr std::chrono::milliseconds kMonitorInterval{250};
+  // How long a rank that found a mismatch waits for the other ranks in that
+  // collective to find it too (FingerprintExchange::acknowledge_mismatch).
+  static constexpr std::chrono::milliseconds kMismatchPatience{5000};
   std::vector<RunningTask> running_tasks_; // guarded by mutex_
   // The mismatch found for each running task's sequence number.
   std::map<uint64_t, std::string> mismatches_; // guarded by mutex_
