@@ -503,6 +503,8 @@ int run(const Flags& flags) {
   if (losses != nullptr) {
     std::fclose(losses);
   }
+  // Training's peak, before the checkpoint and the sample gather full states.
+  const double training_peak_mb = std::max(overall_peak_mb, status_mb("VmHWM"));
 
   if (!flags.checkpoint.empty()) {
     if (flags.checkpoint_format == "dcp") {
@@ -534,9 +536,10 @@ int run(const Flags& flags) {
     say("gpt_train: saved " + flags.checkpoint + " (" + flags.checkpoint_format + ")");
   }
 
-  // The sample, from the full weights on rank 0.
-  auto state = fsdp_model ? (*fsdp_model)->full_state_dict(ddp::FullStateDictOptions().rank0_only(true))
-                          : ddp::module_state_dict(*net);
+  // The sample, from the full weights on rank 0 (gathered by every rank).
+  const auto state = flags.sample == 0 ? ddp::StateDict()
+                     : fsdp_model      ? (*fsdp_model)->full_state_dict(ddp::FullStateDictOptions().rank0_only(true))
+                                       : ddp::module_state_dict(*net);
   if (rank == 0 && flags.sample > 0) {
     auto plain_config = config;
     plain_config.activation_checkpointing = false;
@@ -566,7 +569,7 @@ int run(const Flags& flags) {
                   static_cast<long long>(flags.block), static_cast<long long>(flags.batch),
                   static_cast<long long>(parameters),
                   timed_steps > 0 ? static_cast<double>(timed_steps * global * flags.block) / timed_seconds : 0.0,
-                  step_extra_mb, construction_extra_mb, std::max(overall_peak_mb, status_mb("VmHWM")), base_mb);
+                  step_extra_mb, construction_extra_mb, training_peak_mb, base_mb);
     std::printf("%s\n", line);
     std::fflush(stdout);
   }

@@ -114,7 +114,9 @@ FlatUnit::FlatUnit(std::string label, std::vector<FlatEntry> entries, const Unit
     shard_ = torch::empty({shard_numel_}, own.options().device(at::kCPU).pinned_memory(true));
     shard_.copy_(own);
   } else {
-    shard_ = own.clone();
+    // A shard taken at construction (take_shard) is this unit's alone;
+    // a slice of `flat` is copied out of it.
+    shard_ = shard.defined() ? own : own.clone();
   }
   shard_.set_requires_grad(first.requires_grad());
   full_ = torch::empty({padded_numel()}, first.options().dtype(compute_dtype_).requires_grad(false));

@@ -389,7 +389,9 @@ FullyShardedDataParallelImpl::FullyShardedDataParallelImpl(
     for (size_t e = 0; e < plan.entries.size(); ++e) {
       s.where[plan.entries[e].name] = {u, e};
     }
-    s.units.push_back(std::make_unique<FlatUnit>(plan.label, std::move(plan.entries), s.config, plan.shard));
+    // The plan lets go of a deferred unit's shard: one copy of it at a time.
+    s.units.push_back(
+        std::make_unique<FlatUnit>(plan.label, std::move(plan.entries), s.config, std::move(plan.shard)));
     register_parameter("flat_param_" + std::to_string(u), s.units.back()->shard(),
                        s.units.back()->shard().requires_grad());
     if (plan.unit_module) {
