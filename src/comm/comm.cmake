@@ -1,5 +1,6 @@
 # The process-group core: Work, ProcessGroup, the composite group, the
-# argument checks, reduce kernels and send/recv Work the backends share, and
+# argument checks, reduce kernels and send/recv Work the backends share, the
+# buffers in shared memory that Gloo and MPI reduce in (src/comm/shm/), and
 # init_process_group. Each backend is a part of its own in its folder. The
 # flight recorder (its own folder, src/flight_recorder/) is compiled into
 # this part: every backend and Work::wait record into it, so a test that
@@ -22,6 +23,7 @@ ddp_add_part(ddp_comm
   src/comm/point_to_point_work.cpp
   src/comm/contiguous_arguments.cpp
   src/comm/reduce_kernels.cpp
+  src/comm/shm/shared_buffers.cpp
   src/comm/init.cpp
   src/comm/slurm_env.cpp
   src/comm/subgroups.cpp

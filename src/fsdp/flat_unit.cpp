@@ -24,13 +24,13 @@ namespace ddp::fsdp {
 // parameters and the views autograd saved have their own.
 
 // Note [Shards in mapped memory]
-// On MPI with every rank on one node (config.shared_reduce set), each
+// On Gloo or MPI with the ranks on one host (config.shared_reduce set), each
 // unit's shard, and under mixed precision the buffer its low-precision copy
 // is cast into, is allocated with allocate_collective_buffer: memory that
 // every rank maps, at the same place of the same allocation on every rank
 // (the units are made in the same order everywhere). The gather's
 // all-gather then reads each peer's shard straight from its memory (one
-// copy, no messages; Note [MPI shared buffers]) and ends with a barrier, so
+// copy, no messages; Note [Shared buffers]) and ends with a barrier, so
 // that no rank changes its shard (an optimizer step) while a peer reads it.
 // The optimizer updates the shard in place, and every load copies into it,
 // so it stays where it was allocated. Where the memory cannot be mapped the
@@ -248,13 +248,16 @@ void FlatUnit::start_reduce() {
   auto* shared = config_.shared_reduce.get();
   reduce_in_shared_ = shared != nullptr && shard_world_ > 1 && shared->dtype == reduce_dtype_ &&
                       padded_numel() <= shared->numel;
-  if (reduce_in_shared_) {
-    if (shared->slots.empty()) {
-      for (size_t k = 0; k < kSharedReduceSlots; ++k) {
-        shared->slots.push_back(config_.shard_group->allocate_collective_buffer(
-            shared->numel, full_.options().dtype(reduce_dtype_)));
-      }
+  if (reduce_in_shared_ && shared->slots.empty()) {
+    for (size_t k = 0; k < kSharedReduceSlots; ++k) {
+      shared->slots.push_back(config_.shard_group->allocate_collective_buffer(
+          shared->numel, full_.options().dtype(reduce_dtype_)));
     }
+    // The same answer on every rank: an allocation is shared on all or none.
+    shared->usable = config_.shard_group->is_shared_buffer(shared->slots.back());
+  }
+  reduce_in_shared_ = reduce_in_shared_ && shared->usable;
+  if (reduce_in_shared_) {
     reduce_in_ = shared->slots[shared->next++ % shared->slots.size()].narrow(0, 0, padded_numel());
   } else {
     reduce_in_ = config_.pool->take(padded_numel(), full_.options().dtype(reduce_dtype_));

@@ -49,11 +49,12 @@
 
 namespace ddp::fsdp {
 
-// MPI with every rank on one node: the reductions' gradient buffers are
-// memory that every rank maps, where an allreduce reads each byte once and
-// writes it once per rank (Note [MPI shared buffers]: 100 MB in about 5 ms),
-// against twice through Open MPI's messages for a reduce-scatter; each rank
-// then takes its own chunk. Slots are used in turn, one more than the
+// Gloo or MPI with the ranks on one host: the reductions' gradient buffers
+// are memory that every rank maps, where an allreduce reads each byte once
+// and writes it once per rank (Note [Shared buffers]: 100 MB in about 5 ms),
+// against twice through the transport's messages for a reduce-scatter; each
+// rank then takes its own chunk. When the slots could not be shared
+// (/dev/shm full, DDP_GLOO_SHM=0) the reductions reduce-scatter as elsewhere. Slots are used in turn, one more than the
 // reductions in flight, so that a slot is never refilled while a peer may
 // still read it. Allocated (a collective) at the first reduction, which
 // every rank makes at the same point.
@@ -66,6 +67,7 @@ struct SharedReduceBuffers {
   at::ScalarType dtype = at::kFloat;
   std::vector<at::Tensor> slots;
   size_t next = 0;
+  bool usable = false; // the slots are in shared memory
 };
 
 // What every unit of one FSDP module shares.
@@ -82,7 +84,7 @@ struct UnitConfig {
   double postdivide = 1;
   // Shared by the units: gathered parameters and gradient buffers.
   std::shared_ptr<BufferPool> pool;
-  // Set on MPI: see SharedReduceBuffers.
+  // Set on Gloo and MPI: see SharedReduceBuffers.
   std::shared_ptr<SharedReduceBuffers> shared_reduce;
   // CPUOffload.offload_params: shards of units on a GPU live in host memory.
   bool offload_params = false;

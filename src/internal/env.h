@@ -82,6 +82,11 @@ inline constexpr EnvVar kEnvMpiSharedMemoryMinBytes{"DDP_MPI_SHARED_MEMORY_MIN_B
     "which DDP's buckets go in memory every rank of the node maps (an integer; -1 turns it off). "
     "Unset: ProcessGroupMPIOptions' default, 65536."};
 // Networking.
+inline constexpr EnvVar kEnvGlooShm{"DDP_GLOO_SHM", "1",
+    "1: a Gloo group whose ranks share a host puts large collective buffers (DDP's gradient "
+    "buckets, FSDP's shards) in shared memory and reduces them there, without messages (Note "
+    "[Shared buffers]); 0: every collective goes through Gloo's TCP connections. Read when a "
+    "group is created; a rank with 0 turns it off for its whole group."};
 inline constexpr EnvVar kEnvSocketIfname{"DDP_SOCKET_IFNAME", nullptr,
     "Network interface Gloo binds to (e.g. eth0). Default: the interface that reaches MASTER_ADDR."};
 inline constexpr EnvVar kEnvGlooSocketIfname{"GLOO_SOCKET_IFNAME", nullptr,
@@ -133,6 +138,10 @@ inline constexpr EnvVar kEnvTestInitExitAt{"DDP_TEST_INIT_EXIT_AT", nullptr,
     "Tests only: <point>:<rank>: that rank leaves the process with _Exit(86) at that point of "
     "init_process_group (store, arrived, gloo-connected, addresses, group; see Note [Start-up "
     "exit points] in src/internal/internal.cpp). Unset: never."};
+inline constexpr EnvVar kEnvTestShmKillAt{"DDP_TEST_SHM_KILL_AT", nullptr,
+    "Tests only: <point>:<rank>: that rank kills itself with SIGKILL at that point of a "
+    "collective on buffers in shared memory (created: its object made, not yet unlinked; "
+    "agreed: inside an allreduce, before reducing; see Note [Shared buffers]). Unset: never."};
 
 // The variable's value, or its default, or nullopt when unset with no default.
 std::optional<std::string> env_get(const EnvVar& var);

@@ -201,7 +201,7 @@ void parity_mlp(Report& report, const BucketSize& size, bool as_view) {
   }
 #ifdef DDP_WITH_MPI
   // Under MPI with DDP_MPI_SHARED_MEMORY_MIN_BYTES=0 every bucket is in
-  // memory that the ranks share (Note [MPI shared buffers]); the gradients
+  // memory that the ranks share (Note [Shared buffers]); the gradients
   // are views of the buckets here.
   const char* min_bytes = std::getenv("DDP_MPI_SHARED_MEMORY_MIN_BYTES");
   auto* mpi = dynamic_cast<ddp::ProcessGroupMPI*>(ddp::default_process_group().get());

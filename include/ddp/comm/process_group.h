@@ -201,11 +201,17 @@ class ProcessGroup {
   /// DistributedDataParallel's gradient buckets do. A collective: every rank
   /// calls it at the same point, with the same `numel` and `options`; it
   /// blocks until the memory is ready (within the group's timeout). The
-  /// default is `at::zeros`. The MPI backend, when every rank is on one
-  /// node, puts large CPU buffers in memory that all the ranks map, and
-  /// reduces them in place without sending messages
-  /// (`ProcessGroupMPIOptions::shared_memory_min_bytes`).
+  /// default is `at::zeros`. The Gloo and MPI backends, when the ranks share
+  /// a host, put large CPU buffers in memory that all of them map, and
+  /// reduce them in place without sending messages
+  /// (`ProcessGroupGlooOptions::shared_memory_min_bytes`,
+  /// `ProcessGroupMPIOptions::shared_memory_min_bytes`).
   virtual at::Tensor allocate_collective_buffer(int64_t numel, const at::TensorOptions& options);
+  /// Whether `tensor` lies in memory from `allocate_collective_buffer` that
+  /// the ranks of this host map (false by default).
+  virtual bool is_shared_buffer(const at::Tensor& tensor) const {
+    return false;
+  }
 
   /// Blocks until every operation issued on this group so far has completed
   /// or failed (each is bounded by its own deadline); their errors stay with

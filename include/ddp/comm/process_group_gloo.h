@@ -31,13 +31,40 @@ struct ProcessGroupGlooOptions {
   TORCH_ARG(std::string, master_addr) = "";
   /// Name of the group; prefixes its keys in the store. Default: "default".
   TORCH_ARG(std::string, group_name) = "default";
+  /// `allocate_collective_buffer` gives CPU buffers of at least this many
+  /// bytes in memory that the ranks of one host all map (from /dev/shm),
+  /// when every rank shares this host, or when the ranks span hosts with
+  /// the same number (two or more) on each. An allreduce of more than
+  /// 64 KiB whose tensor is the same range of such a buffer on every rank
+  /// then goes through that memory instead of TCP: each rank reduces its
+  /// share of all the ranks' buffers and writes the result into each, in
+  /// the order of Gloo's ring, so the result has the TCP path's bits (on
+  /// several hosts: within each host, then between hosts over TCP); an
+  /// allgather_into_tensor whose input is such a range (one host) copies
+  /// each peer's input from where it lies. DDP allocates its gradient
+  /// buckets this way, FullyShardedDataParallel its shards. When /dev/shm
+  /// is too small the buffers are private, with one warning. A negative
+  /// value, or DDP_GLOO_SHM=0 in the environment, turns it off; a rank
+  /// that has it off, or a larger value, turns it off for that buffer on
+  /// every rank. Default: 65536.
+  TORCH_ARG(int64_t, shared_memory_min_bytes) = 65536;
+};
+
+/// What a Gloo group has done in shared memory (see
+/// `ProcessGroupGlooOptions::shared_memory_min_bytes`).
+struct GlooSharedMemoryStats {
+  int64_t buffers = 0;    ///< buffers in shared memory that this rank maps now
+  int64_t bytes = 0;      ///< bytes of all that were allocated, this rank's own
+  int64_t allreduces = 0; ///< allreduces that went through shared memory
+  int64_t allgathers = 0; ///< allgather_into_tensor calls that did
 };
 
 /// A ProcessGroup over Gloo.
 ///
-/// Collectives run asynchronously, one at a time and in issue order, on one
-/// worker thread per group, using Gloo's own algorithms (ring allreduce and
-/// friends) with the group's deadline. CUDA tensors are staged through pinned
+/// Collectives run asynchronously, in issue order, on the group's worker
+/// threads, using Gloo's own algorithms (ring allreduce and friends) with
+/// the group's deadline; large buffers from `allocate_collective_buffer`
+/// are reduced in shared memory when the ranks share a host. CUDA tensors are staged through pinned
 /// host memory. `send`/`recv` start at once and complete in `Work::wait`.
 ///
 /// Thread-safety: as ProcessGroup. The destructor finishes queued work (each
@@ -88,6 +115,14 @@ class ProcessGroupGloo : public ProcessGroup {
   std::shared_ptr<Work> alltoall(
       const at::Tensor& output, const at::Tensor& input, const AlltoallOptions& options = {}) override;
   std::shared_ptr<Work> barrier(const BarrierOptions& options = {}) override;
+  /// See ProcessGroup; buffers in shared memory as
+  /// `ProcessGroupGlooOptions::shared_memory_min_bytes` says.
+  at::Tensor allocate_collective_buffer(int64_t numel, const at::TensorOptions& options) override;
+  /// Whether `tensor` lies in a buffer of this group that the ranks of this
+  /// host map (see `allocate_collective_buffer`).
+  bool is_shared_buffer(const at::Tensor& tensor) const override;
+  /// This rank's counts so far.
+  GlooSharedMemoryStats shared_memory_stats() const;
   std::shared_ptr<Work> send(
       const at::Tensor& tensor, int dst_rank, const PointToPointOptions& options = {}) override;
   std::shared_ptr<Work> recv(

@@ -151,7 +151,7 @@ class ProcessGroupMPI : public ProcessGroup {
   at::Tensor allocate_collective_buffer(int64_t numel, const at::TensorOptions& options) override;
   /// Whether `tensor` lies in a buffer of this group that every rank maps
   /// (see `allocate_collective_buffer`).
-  bool is_shared_buffer(const at::Tensor& tensor) const;
+  bool is_shared_buffer(const at::Tensor& tensor) const override;
   /// Returns once every collective issued so far has completed or failed,
   /// or once one has timed out (it stays blocked inside MPI; see the class
   /// comment). Not send/recv: they complete in their own `wait`.

@@ -14,6 +14,7 @@
 
 #include <ATen/ATen.h>
 
+#include <algorithm>
 #include <chrono>
 #include <cstring>
 #include <vector>
@@ -23,7 +24,7 @@ namespace ddp::internal {
 namespace {
 
 // Slot prefix of the exchange; Gloo's algorithms use 0x01 to 0x08, send/recv
-// 0x20.
+// 0x20, the shared buffers' coordination 0x22 and 0x23.
 constexpr uint8_t kExchangeSlotPrefix = 0x21;
 
 } // namespace
@@ -35,43 +36,53 @@ bool use_exchange_allreduce(size_t bytes, int ranks) {
 void exchange_allreduce(const std::shared_ptr<gloo::Context>& context, void* data, size_t count,
                         size_t bytes, const ReduceKernel& kernel, uint32_t tag,
                         std::chrono::milliseconds timeout) {
-  const int size = context->size;
-  const int rank = context->rank;
-  if (size == 1 || bytes == 0) {
+  std::vector<int> everyone(static_cast<size_t>(context->size));
+  for (int r = 0; r < context->size; ++r) {
+    everyone[r] = r;
+  }
+  exchange_among(context, everyone, kExchangeSlotPrefix, data, count, bytes, kernel, tag, timeout);
+}
+
+void exchange_among(const std::shared_ptr<gloo::Context>& context, const std::vector<int>& members,
+                    uint8_t slot_prefix, void* data, size_t count, size_t bytes,
+                    const ReduceKernel& kernel, uint32_t tag, std::chrono::milliseconds timeout) {
+  const size_t n = members.size();
+  const auto me = static_cast<size_t>(std::find(members.begin(), members.end(), context->rank) - members.begin());
+  if (n < 2 || bytes == 0) {
     return;
   }
-  // Slot r of `all` holds rank r's buffer; our own is sent from it too.
-  std::vector<char> all(bytes * static_cast<size_t>(size));
-  std::memcpy(all.data() + bytes * rank, data, bytes);
+  // Slot k of `all` holds member k's buffer; our own is sent from it too.
+  std::vector<char> all(bytes * n);
+  std::memcpy(all.data() + bytes * me, data, bytes);
   auto buffer = context->createUnboundBuffer(all.data(), all.size());
-  const uint64_t slot = gloo::Slot::build(kExchangeSlotPrefix, tag);
-  for (int peer = 0; peer < size; ++peer) {
-    if (peer != rank) {
-      buffer->recv(peer, slot, bytes * peer, bytes);
+  const uint64_t slot = gloo::Slot::build(slot_prefix, tag);
+  for (size_t k = 0; k < n; ++k) {
+    if (k != me) {
+      buffer->recv(members[k], slot, bytes * k, bytes);
     }
   }
-  for (int peer = 0; peer < size; ++peer) {
-    if (peer != rank) {
-      buffer->send(peer, slot, bytes * rank, bytes);
+  for (size_t k = 0; k < n; ++k) {
+    if (k != me) {
+      buffer->send(members[k], slot, bytes * me, bytes);
     }
   }
   // One deadline for all the waits. Gloo throws IoException on a timeout or a
   // lost connection; false means aborted, which nothing here does.
   const auto deadline = std::chrono::steady_clock::now() + timeout;
-  for (int i = 1; i < size; ++i) {
+  for (size_t i = 1; i < n; ++i) {
     if (!buffer->waitRecv(deadline)) {
       throw gloo::IoException("exchange allreduce: receive aborted");
     }
   }
-  for (int i = 1; i < size; ++i) {
+  for (size_t i = 1; i < n; ++i) {
     if (!buffer->waitSend(deadline)) {
       throw gloo::IoException("exchange allreduce: send aborted");
     }
   }
-  // In rank order, the same on every rank.
+  // In member order, the same on every member.
   std::memcpy(data, all.data(), bytes);
-  for (int r = 1; r < size; ++r) {
-    kernel(data, data, all.data() + bytes * r, count);
+  for (size_t k = 1; k < n; ++k) {
+    kernel(data, data, all.data() + bytes * k, count);
   }
 }
 

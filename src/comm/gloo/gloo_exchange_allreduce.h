@@ -33,6 +33,12 @@ void exchange_allreduce(const std::shared_ptr<gloo::Context>& context, void* dat
                         size_t bytes, const ReduceKernel& kernel, uint32_t tag,
                         std::chrono::milliseconds timeout);
 
+// exchange_allreduce among `members` alone (ascending, this rank among
+// them), combining in their order, with Gloo slot (slot_prefix, tag).
+void exchange_among(const std::shared_ptr<gloo::Context>& context, const std::vector<int>& members,
+                    uint8_t slot_prefix, void* data, size_t count, size_t bytes,
+                    const ReduceKernel& kernel, uint32_t tag, std::chrono::milliseconds timeout);
+
 // See Note [Direct reduce-scatter] in gloo_exchange_allreduce.cpp.
 // `inputs[r]` is this rank's chunk for rank r, `counts[r]` elements of
 // `element_bytes` each; rank `context->rank`'s reduced chunk is written to

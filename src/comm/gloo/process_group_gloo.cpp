@@ -187,9 +187,26 @@ std::shared_ptr<Work> ProcessGroupGloo::allreduce_coalesced(
     numel += t.numel();
   }
   internal::Fingerprint fingerprint{"allreduce", tensors[0].scalar_type(), numel, op};
+  // The same choice on every rank: it depends on the size alone.
+  const bool try_shared =
+      internal::use_shared_allreduce(static_cast<size_t>(numel) * tensors[0].element_size(), size);
+  internal::shm::SharedBuffers* shared = impl_->shared(); // outlives the task
   return impl_->enqueue(
       std::move(fingerprint), resolve_timeout(options.timeout), args.keep(dense),
-      args.wrap([tensors = dense, kernel, op, size, context](uint32_t tag, std::chrono::milliseconds timeout) {
+      args.wrap([tensors = dense, kernel, op, size, context, try_shared, shared](
+                    uint32_t tag, std::chrono::milliseconds timeout) {
+        // Note [Shared buffers]: every rank asks whether they all pass the
+        // same range of one shared buffer once the group has any.
+        if (try_shared && shared->any_allocated()) {
+          const auto where =
+              tensors.size() == 1 ? shared->locate(tensors[0]) : internal::shm::SharedLocation{};
+          internal::GlooCoordinator coordinator(context, tag, timeout);
+          if (shared->agree(coordinator, where, static_cast<int64_t>(tensors[0].nbytes()))) {
+            shared->allreduce(coordinator, tensors[0], where, kernel, op == ReduceOp::kAvg,
+                              internal::shm::ReduceOrder::kGlooRing);
+            return tensors;
+          }
+        }
         internal::HostStaging staging;
         // One tensor is reduced in place; several are packed into one buffer
         // so that they cost one collective.
@@ -332,9 +349,75 @@ std::shared_ptr<Work> ProcessGroupGloo::allgather_into_tensor(const at::Tensor& 
   internal::ContiguousArguments args;
   const at::Tensor dense_output = args.output(output, who, "output");
   const at::Tensor dense_input = args.input(input);
-  return impl_->enqueue_input_output<gloo::AllgatherOptions>(
-      "allgather_into_tensor", resolve_timeout(options.timeout), dense_output, dense_input, args,
-      &gloo::allgather);
+  const int64_t bytes = static_cast<int64_t>(input.nbytes());
+  // The same choice on every rank: it depends on the size alone.
+  const bool try_shared = internal::use_shared_allreduce(static_cast<size_t>(bytes), size());
+  internal::shm::SharedBuffers* shared = impl_->shared(); // outlives the task
+  auto context = impl_->context();
+  internal::Fingerprint fingerprint{"allgather_into_tensor", input.scalar_type(), input.numel()};
+  return impl_->enqueue(
+      std::move(fingerprint), resolve_timeout(options.timeout), args.keep({dense_output, dense_input}),
+      args.wrap([output = dense_output, input = dense_input, context, try_shared, shared, bytes,
+                 rank = rank()](uint32_t tag, std::chrono::milliseconds timeout) {
+        // Note [Shared buffers]: the inputs may all be in shared memory (one
+        // host; every rank knows whether the group spans hosts).
+        if (try_shared && shared->any_allocated() && !shared->multi_host()) {
+          // An input that overlaps the output other than as this rank's own
+          // slot would be overwritten while the peers read it.
+          const auto* in = static_cast<const uint8_t*>(input.data_ptr());
+          const auto* out = static_cast<const uint8_t*>(output.data_ptr());
+          const bool apart = in + bytes <= out || out + output.nbytes() <= in ||
+                             in == out + static_cast<size_t>(rank) * static_cast<size_t>(bytes);
+          const auto where =
+              output.is_cpu() && apart ? shared->locate(input) : internal::shm::SharedLocation{};
+          internal::GlooCoordinator coordinator(context, tag, timeout);
+          if (shared->agree(coordinator, where, bytes)) {
+            shared->allgather(coordinator, output, where, bytes);
+            return std::vector<at::Tensor>{output};
+          }
+        }
+        internal::HostStaging staging;
+        auto host_input = staging.in(input);
+        auto host_output = staging.in(output);
+        if (input.numel() > 0) {
+          allgather_words(context, host_input, host_output, tag, timeout);
+        }
+        staging.copy_back();
+        return std::vector<at::Tensor>{output};
+      }));
+}
+
+at::Tensor ProcessGroupGloo::allocate_collective_buffer(int64_t numel, const at::TensorOptions& options) {
+  const std::string who = rank_prefix() + " allocate_collective_buffer";
+  DDP_CHECK(numel >= 0, who, ": numel must not be negative (got ", numel, ")");
+  const int64_t bytes = numel * static_cast<int64_t>(options.dtype().itemsize());
+  // The same choice on every rank, given the same arguments; whether this
+  // rank wants the buffer shared is asked inside (Note [Shared buffers]).
+  if (size() < 2 || options.device().type() != c10::kCPU || bytes == 0) {
+    return ProcessGroup::allocate_collective_buffer(numel, options);
+  }
+  auto buffer = std::make_shared<at::Tensor>();
+  internal::shm::SharedBuffers* shared = impl_->shared(); // outlives the task
+  const bool wanted = impl_->shared_wanted(bytes);
+  auto context = impl_->context();
+  auto work = impl_->enqueue(
+      internal::Fingerprint{"allocate_collective_buffer", options.dtype().toScalarType(), numel}, timeout(),
+      {}, [buffer, shared, numel, options, wanted, context](uint32_t tag, std::chrono::milliseconds timeout) {
+        internal::GlooCoordinator coordinator(context, tag, timeout);
+        *buffer = shared->allocate(coordinator, numel, options, wanted);
+        return std::vector<at::Tensor>{};
+      });
+  work->wait();
+  return buffer->defined() ? *buffer : ProcessGroup::allocate_collective_buffer(numel, options);
+}
+
+bool ProcessGroupGloo::is_shared_buffer(const at::Tensor& tensor) const {
+  return tensor.defined() && impl_->shared()->locate(tensor).id >= 0;
+}
+
+GlooSharedMemoryStats ProcessGroupGloo::shared_memory_stats() const {
+  const auto stats = impl_->shared()->stats();
+  return {stats.buffers, stats.bytes, stats.allreduces, stats.allgathers};
 }
 
 std::shared_ptr<Work> ProcessGroupGloo::gather(const std::vector<at::Tensor>& outputs,

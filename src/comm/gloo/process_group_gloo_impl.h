@@ -30,6 +30,7 @@
 #include "comm/gloo/gloo_api.h"
 #include "comm/gloo/gloo_errors.h"
 #include "comm/gloo/gloo_rendezvous.h"
+#include "comm/gloo/gloo_shared_buffers.h"
 #include "comm/gloo/gloo_words.h"
 #include "comm/gloo/sigpipe_guard.h"
 #include "comm/host_staging.h"
@@ -38,6 +39,19 @@
 #include "internal/env.h"
 
 namespace ddp {
+
+namespace internal {
+
+// ProcessGroupGlooOptions::shared_memory_min_bytes, or -1 when DDP_GLOO_SHM
+// turns buffers in shared memory off.
+inline int64_t shared_memory_wanted(const ProcessGroupGlooOptions& options) {
+  const std::string value = env_get(kEnvGlooShm).value_or("1");
+  DDP_CHECK(value == "0" || value == "1", "ProcessGroupGloo: DDP_GLOO_SHM must be 0 or 1 (got '", value,
+            "'): 1 reduces large buffers in shared memory when the ranks share a host, 0 never does");
+  return value == "0" ? -1 : options.shared_memory_min_bytes();
+}
+
+} // namespace internal
 
 // Everything that touches Gloo. See the narrative at the top of the file.
 //
@@ -64,7 +78,10 @@ class DDP_GLOO_HIDDEN ProcessGroupGloo::Impl {
 
   Impl(ProcessGroupGloo& group, std::shared_ptr<Store> store,
        const ProcessGroupGlooOptions& options)
-      : group_(group), store_(std::move(store)) {
+      : group_(group),
+        store_(std::move(store)),
+        shared_(group.rank_prefix(), "ProcessGroupGloo", group.rank(), group.size()),
+        shared_wanted_(internal::shared_memory_wanted(options)) {
     // The rendezvous writes to Gloo's sockets from this thread, and every
     // thread started here (Gloo's event loop, the workers, the monitor)
     // begins life with this thread's signal mask, so SIGPIPE is blocked in
@@ -171,6 +188,16 @@ class DDP_GLOO_HIDDEN ProcessGroupGloo::Impl {
 
   std::shared_ptr<gloo::Context> context() const {
     return context_;
+  }
+
+  // The buffers in shared memory (Note [Shared buffers]); allocated and
+  // reduced by the workers, in tasks. Outlives every task.
+  internal::shm::SharedBuffers* shared() {
+    return &shared_;
+  }
+  // Whether this rank offers buffers in shared memory of `bytes` bytes.
+  bool shared_wanted(int64_t bytes) const {
+    return shared_wanted_ >= 0 && bytes >= shared_wanted_;
   }
 
   // Until the queue is empty and no task runs. Each task ends by its
@@ -512,6 +539,10 @@ class DDP_GLOO_HIDDEN ProcessGroupGloo::Impl {
   ProcessGroupGloo& group_; // owns this Impl, so outlives it
   std::shared_ptr<Store> store_;
   std::shared_ptr<gloo::Context> context_;
+  internal::shm::SharedBuffers shared_;
+  // The smallest buffer offered in shared memory; -1: none
+  // (ProcessGroupGlooOptions::shared_memory_min_bytes, DDP_GLOO_SHM).
+  const int64_t shared_wanted_;
   // The address of the other end of each pair, and its rank; written by
   // connect, read-only after.
   std::vector<std::pair<std::string, int>> peer_addresses_;

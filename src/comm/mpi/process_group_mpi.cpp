@@ -48,7 +48,7 @@ class ProcessGroupMPI::Impl {
   Impl(std::string who, int rank, int size, const ProcessGroupMPIOptions& options)
       : ring_allreduce_min_bytes(options.ring_allreduce_min_bytes()),
         shared_memory_min_bytes(options.shared_memory_min_bytes()),
-        shared(who, rank, size),
+        shared(who, "ProcessGroupMPI", rank, size),
         engine(std::move(who), size,
                mpi::EngineOptions{options.watchdog_interval(), options.arrival_wait_min_bytes()},
                options.ranks()) {}
@@ -59,9 +59,9 @@ class ProcessGroupMPI::Impl {
   // worker thread alone. Declared before `engine`, whose destructor stops
   // the worker, so that it outlives every task.
   std::vector<uint8_t> ring_scratch;
-  // The buffers in shared memory (Note [MPI shared buffers]); allocated and
+  // The buffers in shared memory (Note [Shared buffers]); allocated and
   // reduced by the worker thread. Declared before `engine` too.
-  mpi::SharedBuffers shared;
+  internal::shm::SharedBuffers shared;
   mpi::MpiEngine engine;
 };
 
@@ -324,19 +324,21 @@ std::shared_ptr<Work> ProcessGroupMPI::allreduce_coalesced(const std::vector<at:
                                    : internal::ReduceKernel();
   // Both outlive the task (see Impl).
   std::vector<uint8_t>* scratch = &impl_->ring_scratch;
-  mpi::SharedBuffers* shared = &impl_->shared;
+  internal::shm::SharedBuffers* shared = &impl_->shared;
   return impl_->engine.enqueue(
       internal::Fingerprint{"allreduce", tensors[0].scalar_type(), total_numel(tensors), options.op},
       resolve_timeout(options.timeout), args.keep(dense), bytes,
       args.wrap([tensors = dense, reduction, average, size, rank, ring, try_shared, bytes, kernel,
                  scratch, shared](MPI_Comm comm) {
-        // Note [MPI shared buffers]: every rank asks whether they all pass
+        // Note [Shared buffers]: every rank asks whether they all pass
         // the same range of one shared buffer once the group has any.
         if (try_shared && shared->any_allocated()) {
           const auto where =
-              tensors.size() == 1 ? shared->locate(tensors[0]) : mpi::SharedLocation{};
-          if (shared->agree(comm, where, bytes)) {
-            shared->allreduce(comm, tensors[0], where, kernel, average);
+              tensors.size() == 1 ? shared->locate(tensors[0]) : internal::shm::SharedLocation{};
+          mpi::MpiCoordinator coordinator(comm);
+          if (shared->agree(coordinator, where, bytes)) {
+            shared->allreduce(coordinator, tensors[0], where, kernel, average,
+                              internal::shm::ReduceOrder::kOwnFirst);
             return tensors;
           }
         }
@@ -461,13 +463,13 @@ std::shared_ptr<Work> ProcessGroupMPI::allgather_into_tensor(const at::Tensor& o
   // The same choice on every rank: it depends on the size alone.
   const bool try_shared = size() > 1 && impl_->shared_memory_min_bytes >= 0 &&
                           bytes >= impl_->shared_memory_min_bytes;
-  mpi::SharedBuffers* shared = &impl_->shared; // outlives the task (see Impl)
+  internal::shm::SharedBuffers* shared = &impl_->shared; // outlives the task (see Impl)
   return impl_->engine.enqueue(
       internal::Fingerprint{"allgather_into_tensor", input.scalar_type(), input.numel()},
       resolve_timeout(options.timeout), args.keep({dense_output, dense_input}), bytes,
       args.wrap([output = dense_output, input = dense_input, count, datatype, try_shared, bytes,
                  shared, rank = rank()](MPI_Comm comm) {
-        // Note [MPI shared buffers]: the inputs may all be in shared memory.
+        // Note [Shared buffers]: the inputs may all be in shared memory.
         if (try_shared && shared->any_allocated()) {
           // An input that overlaps the output other than as this rank's
           // own slot would be overwritten while the peers read it.
@@ -476,9 +478,10 @@ std::shared_ptr<Work> ProcessGroupMPI::allgather_into_tensor(const at::Tensor& o
           const bool apart = in + bytes <= out || out + output.nbytes() <= in ||
                              in == out + static_cast<size_t>(rank) * static_cast<size_t>(bytes);
           const auto where =
-              output.is_cpu() && apart ? shared->locate(input) : mpi::SharedLocation{};
-          if (shared->agree(comm, where, bytes)) {
-            shared->allgather(comm, output, where, bytes);
+              output.is_cpu() && apart ? shared->locate(input) : internal::shm::SharedLocation{};
+          mpi::MpiCoordinator coordinator(comm);
+          if (shared->agree(coordinator, where, bytes)) {
+            shared->allgather(coordinator, output, where, bytes);
             return std::vector<at::Tensor>{output};
           }
         }
@@ -701,13 +704,14 @@ at::Tensor ProcessGroupMPI::allocate_collective_buffer(int64_t numel,
     return ProcessGroup::allocate_collective_buffer(numel, options);
   }
   // A collective in issue order, on the worker thread: the allocation makes
-  // MPI calls on the group's communicator (Note [MPI shared buffers]).
+  // MPI calls on the group's communicator (Note [Shared buffers]).
   auto buffer = std::make_shared<at::Tensor>();
-  mpi::SharedBuffers* shared = &impl_->shared; // outlives the task (see Impl)
+  internal::shm::SharedBuffers* shared = &impl_->shared; // outlives the task (see Impl)
   auto work = impl_->engine.enqueue(
       internal::Fingerprint{"allocate_collective_buffer", options.dtype().toScalarType(), numel},
       timeout(), {}, 0, [buffer, shared, numel, options](MPI_Comm comm) {
-        *buffer = shared->allocate(comm, numel, options);
+        mpi::MpiCoordinator coordinator(comm);
+        *buffer = shared->allocate(coordinator, numel, options, true);
         return std::vector<at::Tensor>{};
       });
   work->wait();

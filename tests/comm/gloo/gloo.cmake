@@ -32,3 +32,16 @@ ddp_add_gtest(sparse_allreduce_test SOURCES comm/gloo/sparse_allreduce_test.cpp
 # a crash or a partial result (Note [Collective fingerprints]).
 ddp_add_gtest(collective_mismatch_test SOURCES comm/gloo/collective_mismatch_test.cpp
   LIBS ddp_testing LABELS integration TIMEOUT 120)
+# Buffers in shared memory (Note [Shared buffers]): bits equal to the TCP
+# path for every dtype and op on 2, 3 and 4 ranks, ranges, opt-outs, ranks
+# killed while allocating and mid-allreduce (named errors, nothing left in
+# /dev/shm).
+ddp_add_gtest(gloo_shared_buffers_test SOURCES comm/gloo/gloo_shared_buffers_test.cpp
+  LIBS ddp_testing LABELS integration TIMEOUT 300)
+# The same across hosts made of network namespaces: shared within each
+# host, TCP between them; uneven hosts all over TCP.
+add_executable(shm_hosts_main comm/gloo/shm_hosts_main.cpp)
+target_link_libraries(shm_hosts_main PRIVATE ddp torch GTest::gtest Threads::Threads) # gtest: the PCH's flags
+ddp_use_test_pch(shm_hosts_main)
+ddp_add_output_test(gloo_shm_hosts EXIT 0 REGEX "all layouts passed" TIMEOUT 240 LABELS integration
+  COMMAND bash ${CMAKE_CURRENT_LIST_DIR}/shm_hosts.sh $<TARGET_FILE:shm_hosts_main>)

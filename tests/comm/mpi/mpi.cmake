@@ -126,7 +126,7 @@ ddp_add_mpi_test(ddp_parity_mpi_2_ranks NP 2 COMMAND ddp_parity_main CASES 28 TI
 # Subgroups as communicators of MPI_COMM_WORLD (tests/comm/comm.cmake).
 ddp_add_mpi_test(subgroups_mpi_4_ranks NP 4 COMMAND subgroups_main CASES 9 TIMEOUT 180)
 ddp_add_mpi_test(ddp_parity_mpi_3_ranks NP 3 COMMAND ddp_parity_main CASES 28 TIMEOUT 180)
-# Every bucket in shared memory (Note [MPI shared buffers]), however small:
+# Every bucket in shared memory (Note [Shared buffers]), however small:
 # the same parity, and the program checks that the buckets are shared.
 foreach(np 2 3)
   ddp_add_mpi_test(ddp_parity_mpi_${np}_ranks_shared_buckets NP ${np} COMMAND ddp_parity_main

@@ -173,7 +173,7 @@ TEST(Mpi, SendRecvAcrossTagsAndDtypes) {
   pg.barrier()->wait();
 }
 
-// ---- Buffers in shared memory (Note [MPI shared buffers]) --------------------------
+// ---- Buffers in shared memory (Note [Shared buffers]) --------------------------
 
 // Rank `rank`'s input for `op`: values whose reductions are exact in every
 // dtype on up to 4 ranks.

@@ -1,0 +1,219 @@
+#pragma once
+
+// Buffers that the ranks of a group on one host all map, and the
+// collectives that work on them without messages (private header). The
+// Gloo and MPI backends both use them, each through a Coordinator of its
+// own.
+//
+// Why. Through a transport (TCP loopback for Gloo, Open MPI's shared-memory
+// messages), a byte of an allreduce is copied into the transport and out of
+// it on every step of the algorithm. When the ranks' buffers themselves lie
+// in memory that all of them map, rank r reads its share of every rank's
+// buffer, reduces it once and writes the result into every rank's buffer:
+// each byte is read once and written once per rank. DDP's gradient buckets
+// and FSDP's shards are such buffers: they live as long as the model and
+// take part in a collective every step (ProcessGroup::allocate_collective_buffer).
+//
+// How it works. See Note [Shared buffers].
+
+#include <ATen/core/Tensor.h>
+#include <c10/core/TensorOptions.h>
+
+#include <atomic>
+#include <cstddef>
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "comm/reduce_kernels.h"
+
+namespace ddp::internal::shm {
+
+// Note [Shared buffers]
+// Hosts. The first allocation learns which rank is on which host: each rank
+// contributes an identity made of its kernel's boot id, the device and inode
+// of its /dev/shm, and its network namespace (ranks in separate network
+// namespaces are separate hosts, as containers and the test suite's
+// two-node clusters make them), and rank 0 contributes a random key for the
+// objects' names. When every rank is on one host, all of them share
+// buffers. When the ranks span several hosts with the same number on each
+// (at least two), and the transport can reduce among any subset of ranks
+// (Gloo's can), the ranks of each host share buffers among themselves:
+// the multi-host form below. Otherwise no buffer is shared.
+//
+// Allocation (a collective of the group, on its worker thread, in issue
+// order): each rank that shares creates a POSIX shared-memory object
+// "/ddp-<key>-<rank>-<id>", reserves its pages (posix_fallocate: a full
+// /dev/shm says so now, not with SIGBUS later) and maps it; an allreduce of
+// "did it work" follows; each rank maps its host's peers' objects; a second
+// allreduce; each rank unlinks its own name (and, when something failed,
+// every name of the allocation, so that a peer that died in between leaves
+// nothing behind). From then on the memory lives as long as some process
+// maps it, and a crash, kill -9 included, leaves nothing in /dev/shm. If any
+// rank failed, every rank frees what it made and returns no buffer (the
+// caller uses private memory), with one warning saying why. Freeing is
+// local: the tensor's deleter unmaps this rank's mappings, whatever the
+// peers do.
+//
+// Allreduce. Only when every rank's tensor is the same range of the same
+// buffer (same allocation id, same offset: checked with one allreduce of
+// (v, -v) under MAX, which every rank runs whenever the group has ever
+// allocated a shared buffer and the allreduce is large enough, so that all
+// take the same path). That allreduce is also the first barrier: every rank
+// has finished writing its buffer. Each rank then reduces its share of all
+// the ranks' buffers into its own, 256 KiB at a time so that a piece is
+// copied while still in cache, and copies the result into the peers'
+// buffers; a closing barrier says every share is done. Each element is
+// computed once and copied, so every rank ends with the same bits. Two
+// orders of reduction:
+// - kOwnFirst (MPI): rank r's share is the r-th of `size` equal parts,
+//   reduced as its own values, then the others' in rank order.
+// - kGlooRing (Gloo): the shares and the order of Gloo's ring allreduce
+//   (gloo/allreduce.cc): the buffer is cut into segments exactly as the
+//   ring cuts it, rank c computes chunk c, and element by element the
+//   result is x_c + (x_{c+1} + (... + (x_{c-2} + x_{c-1}))), ranks mod n,
+//   each "+" the kernel with the same operands in the same places as the
+//   ring's. So the shared path gives the TCP path's bits, for every dtype
+//   and op.
+// Multi-host: rank with local index j reduces the j-th of `m` parts of its
+// host's buffers (its own values, then its host's others in rank order),
+// then reduces that part with the ranks of local index j on the other hosts
+// through the transport (Coordinator::reduce_among, in rank order, so that
+// every host gets the same bits), and copies it into its host's buffers.
+//
+// All-gather (allgather_into_tensor; one host only), when every rank's
+// input is the same range of one shared buffer (the same check): after that
+// first barrier each rank copies every rank's input, read where that rank's
+// object is mapped, into its own output, then waits at a closing barrier,
+// so that no rank writes its input again while a peer may still read it.
+//
+// Failure. Every wait is the transport's, with the collective's deadline:
+// a peer that dies makes the barrier or the check fail with the transport's
+// error, which names it; nothing ever waits on a flag in shared memory. A
+// dead peer's memory stays mapped, and valid, for as long as this rank maps
+// it.
+
+// What shared buffers need from a group's transport: small collectives,
+// called on the group's worker thread inside one collective's task. Each
+// throws the transport's error on a timeout or a lost peer.
+class Coordinator {
+ public:
+  virtual ~Coordinator() = default;
+  // Element-wise maximum of `values` over every rank of the group, in place.
+  virtual void max(int64_t* values, size_t count) = 0;
+  // Returns once every rank has called it, without spinning.
+  virtual void barrier() = 0;
+  // Whether reduce_among works; the multi-host form needs it.
+  virtual bool can_reduce_among() const {
+    return false;
+  }
+  // Reduces `data` (`count` elements, `bytes` bytes) in place among
+  // `members` (ascending, this rank among them), combining in their order.
+  virtual void reduce_among(void* data, size_t count, size_t bytes, const std::vector<int>& members,
+                            const ReduceKernel& kernel);
+};
+
+// One shared buffer as this rank maps it: its own object and its peers'.
+struct SharedMapping;
+
+// Where a tensor's bytes lie in a shared buffer; `id` -1 when they do not.
+struct SharedLocation {
+  int64_t id = -1;
+  int64_t offset = 0; // bytes from the buffer's start
+  std::shared_ptr<const SharedMapping> mapping; // kept mapped while in use
+};
+
+enum class ReduceOrder { kOwnFirst, kGlooRing };
+
+// What a group has done in shared memory, for tests and benchmarks.
+struct SharedStats {
+  int64_t buffers = 0;    // buffers this rank maps now
+  int64_t bytes = 0;      // bytes of every allocation that succeeded, this rank's own
+  int64_t allreduces = 0; // collectives that went through shared memory
+  int64_t allgathers = 0;
+};
+
+class SharedBuffers {
+ public:
+  // `who` is the group's "[rank R/W]", `backend` its backend's name for
+  // messages ("ProcessGroupGloo").
+  SharedBuffers(std::string who, std::string backend, int rank, int size);
+  ~SharedBuffers();
+
+  SharedBuffers(const SharedBuffers&) = delete;
+  SharedBuffers& operator=(const SharedBuffers&) = delete;
+
+  // A collective: a zero-filled 1-D CPU tensor of `numel` elements in memory
+  // that this host's ranks map, or an undefined tensor on every rank when
+  // that cannot be had (`wanted` false on some rank, ranks on uneven hosts,
+  // no room in /dev/shm). Throws the coordinator's errors.
+  at::Tensor allocate(Coordinator& coordinator, int64_t numel, const at::TensorOptions& options,
+                      bool wanted);
+
+  // Whether some allocation has succeeded; the same on every rank (each is a
+  // collective that succeeds on all or none).
+  bool any_allocated() const {
+    return allocated_ > 0;
+  }
+
+  SharedStats stats() const;
+
+  // Whether the buffers are shared within each of several hosts.
+  bool multi_host() const {
+    return local_.size() != static_cast<size_t>(size_);
+  }
+
+  // Where `tensor` (contiguous, CPU) lies.
+  SharedLocation locate(const at::Tensor& tensor) const;
+
+  // A collective: whether every rank passed a tensor at the same location
+  // (`where`, of `bytes` bytes).
+  bool agree(Coordinator& coordinator, const SharedLocation& where, int64_t bytes) const;
+
+  // A collective, after `agree` returned true on every rank: reduces `flat`
+  // (at `where`) across the ranks with `kernel` in `order` (one host; the
+  // multi-host form has its own), then divides by the size when `average`.
+  void allreduce(Coordinator& coordinator, const at::Tensor& flat, const SharedLocation& where,
+                 const ReduceKernel& kernel, bool average, ReduceOrder order) const;
+
+  // A collective, after `agree` returned true on every rank for the input's
+  // location `where` (one host only: callers check multi_host()): copies
+  // every rank's input into `output` (contiguous, CPU, size x the input's
+  // bytes), rank order.
+  void allgather(Coordinator& coordinator, const at::Tensor& output, const SharedLocation& where,
+                 int64_t bytes) const;
+
+  struct Registry; // the mapped buffers; shared with the tensors' deleters
+
+ private:
+  // Learns the hosts and rank 0's key (Note [Shared buffers]).
+  void learn_hosts(Coordinator& coordinator);
+  void reduce_one_host(const SharedLocation& where, int64_t count, size_t element,
+                       const ReduceKernel& kernel, bool average, const at::Tensor& flat,
+                       ReduceOrder order) const;
+  void reduce_multi_host(Coordinator& coordinator, const SharedLocation& where, int64_t count,
+                         size_t element, const ReduceKernel& kernel, bool average,
+                         const at::Tensor& flat) const;
+
+  const std::string who_;
+  const std::string backend_;
+  const int rank_;
+  const int size_;
+  // The worker thread's alone.
+  bool hosts_known_ = false;
+  bool sharing_ = false;     // whether this group shares buffers at all
+  std::vector<int> local_;   // this host's ranks, ascending
+  std::vector<int> column_;  // the ranks with this rank's local index, one per host, ascending
+  bool warned_ = false;
+  uint64_t key_ = 0;
+  int64_t next_id_ = 0;
+  int64_t allocated_ = 0;
+  std::shared_ptr<Registry> registry_;
+  // Read from any thread.
+  std::atomic<int64_t> allocated_bytes_{0};
+  mutable std::atomic<int64_t> allreduces_{0};
+  mutable std::atomic<int64_t> allgathers_{0};
+};
+
+} // namespace ddp::internal::shm
