@@ -8,7 +8,7 @@
 //   build/ddprun --nproc-per-node 2 --no-prefix build/bench/allreduce_bench
 //       [--sizes 4096,1M,64M] [--iters N] [--warmup N]
 //   DDP_BACKEND=mpi mpirun -np 2 build/bench/allreduce_bench [...]
-//   [--layout contiguous|column|both]
+//   [--layout contiguous|column|both|shared]
 // prints on rank 0, for each size (bytes of float32; a K or M suffix means
 // KiB or MiB; default 4 KiB to 64 MiB in steps of 4x), one line
 //   allreduce_bench impl=ddp backend=gloo world=2 dtype=float32 bytes=4096 warmup=100 iters=1000 median_us=61.20 p10_us=55.31 p90_us=70.02 busbw_gbps=0.0669
@@ -17,8 +17,18 @@
 // and back, Note [Non-contiguous arguments]), and the line says
 // layout=column; --layout both measures each size both ways and adds
 //   allreduce_bench layout_ratio backend=gloo world=2 bytes=4096 column_over_contiguous=1.08
-// with the contiguous tensor, the unchanged path, as the anchor. It exits 1 if a collective fails or gives a wrong sum, and 2
-// on a bad command line.
+// with the contiguous tensor, the unchanged path, as the anchor. With
+// --layout shared the tensor comes from allocate_collective_buffer (memory
+// that the ranks of the host map, when the backend offers it: Note [Shared
+// buffers]), measured beside the private contiguous tensor and beside the
+// floor, one rank copying the same bytes with memcpy while the other ranks
+// do the same (each byte of the shared allreduce is read and written about
+// once per rank, as a copy's are):
+//   allreduce_bench layout=shared ... (as above)
+//   allreduce_bench memcpy world=2 bytes=... median_us=... gbps=...
+//   allreduce_bench shared_ratio backend=gloo world=2 bytes=... shared_over_private=0.21 shared_over_memcpy=1.9
+// It exits 1 if a collective fails or gives a wrong sum, and 2 on a bad
+// command line.
 //
 // How it measures, per size:
 //   1. Fill the tensor with rank + 1, allreduce once and check the sum, then
@@ -45,6 +55,7 @@
 #include <cstdint>
 #include <cstdio>
 #include <cstdlib>
+#include <cstring>
 #include <exception>
 #include <string>
 #include <vector>
@@ -74,6 +85,7 @@ struct Config {
   int64_t warmup = -1; // -1: from the iteration count (warmup_for)
   bool contiguous = true;
   bool column = false;
+  bool shared = false;
 };
 
 int64_t iters_for(int64_t bytes) {
@@ -88,7 +100,7 @@ int64_t warmup_for(int64_t iters) {
   std::fprintf(stderr,
                "allreduce_bench: %s\n"
                "usage: allreduce_bench [--sizes BYTES[,BYTES...]] [--iters N] [--warmup N]\n"
-               "                       [--layout contiguous|column|both]\n"
+               "                       [--layout contiguous|column|both|shared]\n"
                "BYTES may end in K (KiB) or M (MiB) and must be a positive multiple of 4.\n",
                message.c_str());
   std::exit(2);
@@ -145,11 +157,12 @@ Config parse_args(int argc, char** argv) {
         usage_error("--warmup must be an integer >= 0 (got '" + value + "')");
       }
     } else if (flag == "--layout") {
-      if (value != "contiguous" && value != "column" && value != "both") {
-        usage_error("--layout must be contiguous, column or both (got '" + value + "')");
+      if (value != "contiguous" && value != "column" && value != "both" && value != "shared") {
+        usage_error("--layout must be contiguous, column, both or shared (got '" + value + "')");
       }
       config.contiguous = value != "column";
-      config.column = value != "contiguous";
+      config.column = value == "column" || value == "both";
+      config.shared = value == "shared";
     } else {
       usage_error("unknown flag '" + flag + "'");
     }
@@ -165,11 +178,13 @@ double quantile(const std::vector<double>& sorted, double q) {
 
 // Runs one size; returns the median in seconds, or a negative number if the
 // check sum is wrong.
-double run_size(ddp::ProcessGroup& pg, int64_t bytes, int64_t iters, int64_t warmup, bool column) {
+double run_size(ddp::ProcessGroup& pg, int64_t bytes, int64_t iters, int64_t warmup, bool column,
+                bool shared = false) {
   using Clock = std::chrono::steady_clock;
   const int world = pg.size();
-  auto tensor = column ? at::empty({bytes / 4, 2}, at::kFloat).select(1, 1)
-                       : at::empty({bytes / 4}, at::kFloat);
+  auto tensor = shared   ? pg.allocate_collective_buffer(bytes / 4, at::kFloat)
+                : column ? at::empty({bytes / 4, 2}, at::kFloat).select(1, 1)
+                         : at::empty({bytes / 4}, at::kFloat);
 
   tensor.fill_(pg.rank() + 1.0);
   pg.allreduce(tensor)->wait();
@@ -205,9 +220,37 @@ double run_size(ddp::ProcessGroup& pg, int64_t bytes, int64_t iters, int64_t war
     std::printf("allreduce_bench impl=ddp backend=%s world=%d dtype=float32 bytes=%lld%s "
                 "warmup=%lld iters=%lld median_us=%.2f p10_us=%.2f p90_us=%.2f busbw_gbps=%.4f\n",
                 pg.backend_name().c_str(), world, static_cast<long long>(bytes),
-                column ? " layout=column" : "", static_cast<long long>(warmup),
+                column ? " layout=column" : shared ? " layout=shared" : "", static_cast<long long>(warmup),
                 static_cast<long long>(iters), median * 1e6, quantile(sorted, 0.1) * 1e6,
                 quantile(sorted, 0.9) * 1e6, busbw / 1e9);
+    std::fflush(stdout);
+  }
+  return median;
+}
+
+// The floor of a shared-memory allreduce: every rank copies `bytes` with
+// memcpy at once (the ranks share the memory bus, as they do in the
+// allreduce); returns rank 0's median seconds, maxed over the ranks.
+double memcpy_floor(ddp::ProcessGroup& pg, int64_t bytes, int64_t iters) {
+  using Clock = std::chrono::steady_clock;
+  std::vector<char> from(static_cast<size_t>(bytes), 1);
+  std::vector<char> to(static_cast<size_t>(bytes), 0);
+  auto seconds = at::empty({iters}, at::kDouble);
+  auto* data = seconds.data_ptr<double>();
+  for (int64_t i = 0; i < iters; ++i) {
+    pg.barrier()->wait();
+    const auto start = Clock::now();
+    std::memcpy(to.data(), from.data(), from.size());
+    data[i] = std::chrono::duration<double>(Clock::now() - start).count();
+  }
+  pg.allreduce(seconds, {ddp::ReduceOp::kMax})->wait();
+  std::vector<double> sorted(data, data + iters);
+  std::sort(sorted.begin(), sorted.end());
+  const double median = quantile(sorted, 0.5);
+  if (pg.rank() == 0) {
+    std::printf("allreduce_bench memcpy world=%d bytes=%lld iters=%lld median_us=%.2f gbps=%.4f\n", pg.size(),
+                static_cast<long long>(bytes), static_cast<long long>(iters), median * 1e6,
+                static_cast<double>(bytes) / median / 1e9);
     std::fflush(stdout);
   }
   return median;
@@ -227,9 +270,20 @@ int main(int argc, char** argv) {
       const int64_t warmup = config.warmup >= 0 ? config.warmup : warmup_for(iters);
       const double contiguous = config.contiguous ? run_size(*pg, bytes, iters, warmup, false) : 0;
       const double column = config.column ? run_size(*pg, bytes, iters, warmup, true) : 0;
-      if (contiguous < 0 || column < 0) {
+      const double shared = config.shared ? run_size(*pg, bytes, iters, warmup, false, true) : 0;
+      if (contiguous < 0 || column < 0 || shared < 0) {
         ok = false;
         break;
+      }
+      if (config.shared) {
+        const double floor = memcpy_floor(*pg, bytes, iters);
+        if (pg->rank() == 0) {
+          std::printf("allreduce_bench shared_ratio backend=%s world=%d bytes=%lld "
+                      "shared_over_private=%.2f shared_over_memcpy=%.2f\n",
+                      pg->backend_name().c_str(), pg->size(), static_cast<long long>(bytes),
+                      shared / contiguous, shared / floor);
+          std::fflush(stdout);
+        }
       }
       if (config.contiguous && config.column && pg->rank() == 0) {
         std::printf("allreduce_bench layout_ratio backend=%s world=%d bytes=%lld "

@@ -45,7 +45,7 @@ if [[ " ${DDP_BUILD_TARGETS:-} " == *" all "* ]]; then
 fi
 readonly packages
 # What the README's first command builds and runs (the rest is test.sh's).
-readonly default_targets="ddp ddprun allreduce_example toy_model mnist_train"
+readonly default_targets="ddp ddprun toy_model"
 
 say() {
   echo "setup.sh: $*"

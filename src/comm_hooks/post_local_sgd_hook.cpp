@@ -15,7 +15,7 @@ namespace ddp::comm_hooks {
 
 namespace {
 
-constexpr int64_t kStateFormat = 1;
+constexpr int64_t kPostLocalStateFormat = 1;
 
 // The average of `buffer` over `group`, in place (comm_hooks::allreduce).
 std::shared_ptr<Work> average(ProcessGroup& group, const at::Tensor& buffer) {
@@ -75,7 +75,7 @@ std::string PostLocalSGDState::kind() const {
 
 std::string PostLocalSGDState::save_state() const {
   c10::impl::GenericDict state(c10::StringType::get(), c10::AnyType::get());
-  state.insert("format", kStateFormat);
+  state.insert("format", kPostLocalStateFormat);
   state.insert("iteration", iteration_);
   state.insert("start_localSGD_iter", start_localSGD_iter_);
   state.insert("post_local_gradient_allreduce", post_local_gradient_allreduce_);
@@ -98,8 +98,8 @@ void PostLocalSGDState::load_state(const std::vector<std::string>& saved, int ra
     return it->value();
   };
   const c10::IValue format = field("format");
-  DDP_CHECK(format.isInt() && format.toInt() == kStateFormat, who, ": the saved state has format ", format,
-            ", this ddp reads ", kStateFormat);
+  DDP_CHECK(format.isInt() && format.toInt() == kPostLocalStateFormat, who, ": the saved state has format ", format,
+            ", this ddp reads ", kPostLocalStateFormat);
   const c10::IValue start = field("start_localSGD_iter");
   const c10::IValue post = field("post_local_gradient_allreduce");
   const c10::IValue iteration = field("iteration");

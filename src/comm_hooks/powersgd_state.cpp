@@ -265,7 +265,7 @@ void PowerSGDState::chain(ProcessGroup& group, std::unique_ptr<InFlight> current
 
 namespace {
 
-constexpr int64_t kStateFormat = 1;
+constexpr int64_t kPowerSgdStateFormat = 1;
 
 c10::impl::GenericDict options_dict(const PowerSGDOptions& o) {
   c10::impl::GenericDict d(c10::StringType::get(), c10::AnyType::get());
@@ -329,7 +329,7 @@ std::string PowerSGDState::save_state() const {
   // last completed iteration left it, which is what is saved. Throwing here
   // instead would fail save_checkpoint's gather on this rank alone.
   c10::impl::GenericDict state(c10::StringType::get(), c10::AnyType::get());
-  state.insert("format", kStateFormat);
+  state.insert("format", kPowerSgdStateFormat);
   state.insert("options", options_dict(options_));
   state.insert("iteration", iteration_.load());
   std::ostringstream rng;
@@ -370,8 +370,8 @@ void PowerSGDState::load_state(const std::vector<std::string>& saved, int rank, 
   }
   const auto state = value.toGenericDict();
   const int64_t format = r.integer(r.at(state, "format"), "format");
-  DDP_CHECK(format == kStateFormat, r.who, ": the saved state has format ", format, ", this ddp reads ",
-            kStateFormat);
+  DDP_CHECK(format == kPowerSgdStateFormat, r.who, ": the saved state has format ", format, ", this ddp reads ",
+            kPowerSgdStateFormat);
 
   // The options must be this state's: the memories' shapes depend on them.
   const c10::IValue saved_options = r.at(state, "options");

@@ -14,6 +14,7 @@ add_library(ddprun_objects OBJECT
   src/timeline/trace_merge.cpp
   src/timeline/trace_svg.cpp
   src/internal/text_files.cpp)
+ddp_unity(ddprun_objects)
 target_include_directories(ddprun_objects PUBLIC ${PROJECT_SOURCE_DIR}/src)
 target_compile_options(ddprun_objects PRIVATE -Wall -Wextra)
 

@@ -33,6 +33,9 @@ if(DDP_HAVE_NCCL)
   endif()
 
   ddp_add_part(ddp_nccl ${DDP_NCCL_SOURCES})
+  # Compiled file by file: its files include CUDA's and NCCL's headers, and
+  # the CPU-only machines that build it cannot run what they compile.
+  set_target_properties(ddp_nccl PROPERTIES UNITY_BUILD OFF)
   target_link_libraries(ddp_nccl PUBLIC ddp_nccl_deps)
   target_compile_definitions(ddp_nccl PRIVATE DDP_WITH_NCCL=1)
   # init.cpp creates a ProcessGroupNCCL for Backend::kNccl and kAuto. On that
