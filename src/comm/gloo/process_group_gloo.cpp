@@ -357,19 +357,12 @@ std::shared_ptr<Work> ProcessGroupGloo::allgather_into_tensor(const at::Tensor& 
   internal::Fingerprint fingerprint{"allgather_into_tensor", input.scalar_type(), input.numel()};
   return impl_->enqueue(
       std::move(fingerprint), resolve_timeout(options.timeout), args.keep({dense_output, dense_input}),
-      args.wrap([output = dense_output, input = dense_input, context, try_shared, shared, bytes,
-                 rank = rank()](uint32_t tag, std::chrono::milliseconds timeout) {
+      args.wrap([output = dense_output, input = dense_input, context, try_shared, shared,
+                 bytes](uint32_t tag, std::chrono::milliseconds timeout) {
         // Note [Shared buffers]: the inputs may all be in shared memory (one
         // host; every rank knows whether the group spans hosts).
         if (try_shared && shared->any_allocated() && !shared->multi_host()) {
-          // An input that overlaps the output other than as this rank's own
-          // slot would be overwritten while the peers read it.
-          const auto* in = static_cast<const uint8_t*>(input.data_ptr());
-          const auto* out = static_cast<const uint8_t*>(output.data_ptr());
-          const bool apart = in + bytes <= out || out + output.nbytes() <= in ||
-                             in == out + static_cast<size_t>(rank) * static_cast<size_t>(bytes);
-          const auto where =
-              output.is_cpu() && apart ? shared->locate(input) : internal::shm::SharedLocation{};
+          const auto where = shared->locate_gather_input(input, output);
           internal::GlooCoordinator coordinator(context, tag, timeout);
           if (shared->agree(coordinator, where, bytes)) {
             shared->allgather(coordinator, output, where, bytes);

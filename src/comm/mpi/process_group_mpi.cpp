@@ -468,17 +468,10 @@ std::shared_ptr<Work> ProcessGroupMPI::allgather_into_tensor(const at::Tensor& o
       internal::Fingerprint{"allgather_into_tensor", input.scalar_type(), input.numel()},
       resolve_timeout(options.timeout), args.keep({dense_output, dense_input}), bytes,
       args.wrap([output = dense_output, input = dense_input, count, datatype, try_shared, bytes,
-                 shared, rank = rank()](MPI_Comm comm) {
+                 shared](MPI_Comm comm) {
         // Note [Shared buffers]: the inputs may all be in shared memory.
         if (try_shared && shared->any_allocated()) {
-          // An input that overlaps the output other than as this rank's
-          // own slot would be overwritten while the peers read it.
-          const auto* in = static_cast<const uint8_t*>(input.data_ptr());
-          const auto* out = static_cast<const uint8_t*>(output.data_ptr());
-          const bool apart = in + bytes <= out || out + output.nbytes() <= in ||
-                             in == out + static_cast<size_t>(rank) * static_cast<size_t>(bytes);
-          const auto where =
-              output.is_cpu() && apart ? shared->locate(input) : internal::shm::SharedLocation{};
+          const auto where = shared->locate_gather_input(input, output);
           mpi::MpiCoordinator coordinator(comm);
           if (shared->agree(coordinator, where, bytes)) {
             shared->allgather(coordinator, output, where, bytes);

@@ -350,6 +350,15 @@ SharedLocation SharedBuffers::locate(const at::Tensor& tensor) const {
   return where;
 }
 
+SharedLocation SharedBuffers::locate_gather_input(const at::Tensor& input, const at::Tensor& output) const {
+  const size_t bytes = input.nbytes();
+  const auto* in = static_cast<const uint8_t*>(input.data_ptr());
+  const auto* out = static_cast<const uint8_t*>(output.data_ptr());
+  const bool apart = in + bytes <= out || out + output.nbytes() <= in ||
+                     in == out + static_cast<size_t>(rank_) * bytes;
+  return output.is_cpu() && apart ? locate(input) : SharedLocation{};
+}
+
 bool SharedBuffers::agree(Coordinator& coordinator, const SharedLocation& where, int64_t bytes) const {
   // (v, -v) under MAX: every rank learns the largest and the smallest v.
   int64_t values[6] = {where.id, where.offset, bytes, -where.id, -where.offset, -bytes};

@@ -166,6 +166,11 @@ class SharedBuffers {
 
   // Where `tensor` (contiguous, CPU) lies.
   SharedLocation locate(const at::Tensor& tensor) const;
+  // Where the input of an allgather_into_tensor lies, or nowhere when the
+  // shared path cannot take it: the output is not on the CPU, or the input
+  // overlaps the output other than as this rank's own slot (it would be
+  // overwritten while the peers read it).
+  SharedLocation locate_gather_input(const at::Tensor& input, const at::Tensor& output) const;
 
   // A collective: whether every rank passed a tensor at the same location
   // (`where`, of `bytes` bytes).
