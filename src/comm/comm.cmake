@@ -25,6 +25,7 @@ ddp_add_part(ddp_comm
   src/comm/reduce_kernels.cpp
   src/comm/shm/shared_buffers.cpp
   src/comm/init.cpp
+  src/comm/rendezvous_arrival.cpp
   src/comm/slurm_env.cpp
   src/comm/subgroups.cpp
   src/flight_recorder/flight_recorder.cpp

@@ -85,6 +85,8 @@ struct FullyShardedDataParallelImpl::State : std::enable_shared_from_this<State>
   std::vector<size_t> last_forward_order; // the previous iteration's (prefetch)
   std::vector<TrainingState> training;   // per unit
   size_t next_reduce = 0;                 // into forward_order, from the back
+  // When this forward with gradients began, for the timeline (0: none).
+  int64_t timeline_forward_start_us = 0;
   std::deque<size_t> reducing;            // started, not finished, in order
   bool callback_queued = false;
   int pending_free = -1; // kFullShard: the unit freed when the next one's forward ends

@@ -21,6 +21,7 @@
 #include "fsdp/fsdp_state.h"
 #include "internal/check.h"
 #include "internal/hash.h"
+#include "timeline/timeline.h"
 
 namespace ddp {
 
@@ -474,6 +475,10 @@ void FullyShardedDataParallelImpl::begin_forward() {
   State& s = *state_;
   DDP_CHECK(!s.in_forward, s.config.who, ": forward called from inside its own forward");
   s.in_forward = true;
+  if (internal::Timeline* timeline = internal::Timeline::get(); timeline && torch::GradMode::is_enabled()) {
+    timeline->begin_step(); // Note [Timeline]: a step begins with a forward with gradients, as in DDP
+    s.timeline_forward_start_us = internal::Timeline::now_us();
+  }
   for (auto& unit : s.units) {
     unit->mark_stale();
     unit->reset_backward();
@@ -493,6 +498,15 @@ void FullyShardedDataParallelImpl::begin_forward() {
 void FullyShardedDataParallelImpl::end_forward() noexcept {
   State& s = *state_;
   s.in_forward = false;
+  if (s.timeline_forward_start_us != 0) {
+    try {
+      internal::Timeline::get()->complete(internal::Timeline::kStepTrack, "forward", s.timeline_forward_start_us,
+                                          internal::Timeline::now_us());
+    } catch (...) {
+      // Out of memory for one event: the timeline goes without it.
+    }
+    s.timeline_forward_start_us = 0;
+  }
   if (s.root_unit >= 0 && !torch::GradMode::is_enabled() && s.frees_after_backward()) {
     try {
       s.units[static_cast<size_t>(s.root_unit)]->free_full();

@@ -115,8 +115,9 @@ inline constexpr EnvVar kEnvTraceDir{"DDP_TRACE_DIR", nullptr,
     "(or on ddp::write_timeline()). `ddprun --trace DIR` sets it and merges the ranks' files into "
     "DIR/trace.json and DIR/trace.svg. Unset or empty: no timeline."};
 inline constexpr EnvVar kEnvTraceSteps{"DDP_TRACE_STEPS", "20",
-    "Which steps the timeline keeps (a step starts at each DistributedDataParallel forward with "
-    "gradients): K, the last K steps (a ring, 1 to 100000); or A-B, steps A to B (from 1)."};
+    "Which steps the timeline keeps (a step starts at each DistributedDataParallel or "
+    "FullyShardedDataParallel forward with gradients): K, the last K steps (a ring, 1 to "
+    "100000); or A-B, steps A to B (from 1)."};
 inline constexpr EnvVar kEnvNcclCollectiveCheck{"DDP_NCCL_COLLECTIVE_CHECK", "auto",
     "The NCCL backend's collective fingerprint check (Note [NCCL fingerprint check]): auto (with "
     "two ranks or more), on (with one rank too: what measures its cost on one GPU), off (never; "

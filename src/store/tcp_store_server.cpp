@@ -543,20 +543,31 @@ void TCPStoreServerLoop::refuse(Connection& conn, const std::string& why) {
 }
 
 void TCPStoreServerLoop::park(uint64_t id, Connection& conn, Waiter waiter) {
-  for (const auto& key : waiter.keys) {
-    auto& ids = watchers_[key];
-    if (std::find(ids.begin(), ids.end(), id) == ids.end()) {
-      ids.push_back(id);
-    }
-  }
   conn.waiter = std::move(waiter);
+  watch_missing(id, *conn.waiter);
 }
 
-void TCPStoreServerLoop::unpark(uint64_t id, Connection& conn) {
-  if (!conn.waiter.has_value()) {
-    return;
+void TCPStoreServerLoop::watch_missing(uint64_t id, Waiter& waiter) {
+  std::vector<const std::string*> missing;
+  for (const auto& key : waiter.keys) {
+    if (!has_key(key)) {
+      missing.push_back(&key);
+    }
   }
-  for (const auto& key : conn.waiter->keys) {
+  // A key named twice in one wait is watched once.
+  const auto by_value = [](const std::string* a, const std::string* b) { return *a < *b; };
+  const auto same = [](const std::string* a, const std::string* b) { return *a == *b; };
+  std::sort(missing.begin(), missing.end(), by_value);
+  missing.erase(std::unique(missing.begin(), missing.end(), same), missing.end());
+  for (const std::string* key : missing) {
+    watchers_[*key].push_back(id);
+  }
+  waiter.unseen = missing.size();
+}
+
+void TCPStoreServerLoop::unwatch(uint64_t id, const Waiter& waiter) {
+  // Keys set since are no longer in watchers_: one lookup each.
+  for (const auto& key : waiter.keys) {
     auto it = watchers_.find(key);
     if (it == watchers_.end()) {
       continue;
@@ -567,6 +578,13 @@ void TCPStoreServerLoop::unpark(uint64_t id, Connection& conn) {
       watchers_.erase(it);
     }
   }
+}
+
+void TCPStoreServerLoop::unpark(uint64_t id, Connection& conn) {
+  if (!conn.waiter.has_value()) {
+    return;
+  }
+  unwatch(id, *conn.waiter);
   conn.waiter.reset();
 }
 
@@ -575,14 +593,22 @@ void TCPStoreServerLoop::notify(const std::string& key) {
   if (it == watchers_.end()) {
     return;
   }
-  const std::vector<uint64_t> ids = it->second; // try_answer edits the list
+  const std::vector<uint64_t> ids = std::move(it->second);
+  watchers_.erase(it);
   for (const uint64_t id : ids) {
     auto conn_it = connections_.find(id);
-    if (conn_it == connections_.end() || !conn_it->second.waiter.has_value() ||
-        conn_it->second.throttle != Throttle::kNone) {
+    if (conn_it == connections_.end() || !conn_it->second.waiter.has_value()) {
+      continue;
+    }
+    Connection& conn = conn_it->second;
+    Waiter& waiter = *conn.waiter;
+    if (waiter.unseen > 0) {
+      --waiter.unseen;
+    }
+    if (waiter.unseen > 0 || conn.throttle != Throttle::kNone) {
       continue; // A throttled waiter is answered in its turn.
     }
-    if (try_answer(id, conn_it->second, /*queued=*/false)) {
+    if (try_answer(id, conn, /*queued=*/false)) {
       resumed_.push_back(id);
     }
   }
@@ -597,9 +623,11 @@ bool TCPStoreServerLoop::try_answer(uint64_t id, Connection& conn, bool queued) 
     }
   }
   if (!missing.empty() && SteadyClock::now() < waiter.deadline) {
-    // Not ready after all (a key was deleted while it waited for room):
-    // back to waiting.
+    // Not ready after all (a key was deleted after it was set): back to
+    // waiting, for the keys missing now.
     unthrottle(id, conn);
+    unwatch(id, *conn.waiter);
+    watch_missing(id, *conn.waiter);
     return false;
   }
   size_t body_bytes = 0;

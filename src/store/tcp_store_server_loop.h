@@ -189,6 +189,9 @@ class TCPStoreServerLoop {
     tcp_store::Command command;
     std::vector<std::string> keys;
     SteadyClock::time_point deadline;
+    // How many distinct keys of `keys` were missing when it was registered
+    // in watchers_ and have not been set since: at 0 it may be answered.
+    size_t unseen = 0;
   };
 
   // What a throttled connection waits for room for.
@@ -262,7 +265,12 @@ class TCPStoreServerLoop {
   void refuse(Connection& conn, const std::string& why);
   void park(uint64_t id, Connection& conn, Waiter waiter);
   void unpark(uint64_t id, Connection& conn);
-  // Answers the parked waiters watching `key` whose keys now all exist.
+  // Registers `waiter` (conn `id`'s) in watchers_ for each of its missing
+  // keys, once each, and counts them; unwatch takes it out again.
+  void watch_missing(uint64_t id, Waiter& waiter);
+  void unwatch(uint64_t id, const Waiter& waiter);
+  // Counts `key` as set for every waiter watching it (it watches it no
+  // more) and answers those whose keys have all been set.
   void notify(const std::string& key);
   // Answers conn's waiter when its keys all exist or its deadline has
   // passed; true when answered.
@@ -304,7 +312,11 @@ class TCPStoreServerLoop {
   // Only the server thread touches what follows, down to the atomics.
   std::unordered_map<std::string, std::vector<uint8_t>> map_;
   std::unordered_map<uint64_t, Connection> connections_;
-  // key -> ids of the connections whose parked waiter includes it.
+  // key -> ids of the connections whose parked waiter waits for it: it was
+  // missing when the waiter was registered, and has not been set since (a
+  // set hands the list to notify and removes it). So a set touches only its
+  // own waiters, and a waiter for W keys costs O(W) in all, not O(W) per set
+  // (W ranks each waiting for the W arrivals of a rendezvous: W x W, not W^3).
   std::unordered_map<std::string, std::vector<uint64_t>> watchers_;
   // Connections to pump before the next poll: a waiter answered, output
   // drained, or room found.

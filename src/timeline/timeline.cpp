@@ -5,7 +5,8 @@
 // open; `ddprun --trace DIR` also merges the ranks' files into one, with a
 // picture (src/timeline/trace_merge.cpp).
 //
-// A step begins at each DistributedDataParallel forward with gradients.
+// A step begins at each DistributedDataParallel or FullyShardedDataParallel
+// forward with gradients.
 // What fills it, on its track (a "thread" of the rank's "process"):
 //   "DDP step"   forward, backward (from the first gradient ready to the
 //                last: the window in which communication can overlap), and

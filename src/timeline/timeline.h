@@ -47,7 +47,8 @@ class Timeline {
   void set_rank(int rank, int world_size);
   // The track named `name`, created on first use.
   int track(const std::string& name);
-  // A DistributedDataParallel forward with gradients: a new step begins.
+  // A DistributedDataParallel or FullyShardedDataParallel forward with
+  // gradients: a new step begins.
   // Returns its number (from 1).
   int64_t begin_step();
 

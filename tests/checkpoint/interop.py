@@ -6,8 +6,8 @@ ends with against what C++ ends with.
 
 Usage (under torchrun for more than one rank):
   interop.py run --parallel plain|ddp|fsdp2 --optim NAME
-      [--load-torch DIR | --load-dcp DIR] [--first-step S] [--steps N]
-      [--save-torch DIR] [--save-dcp DIR] [--then-steps M --final FILE]
+      [--load-torch DIR | --load-dcp DIR[,DIR...]] [--first-step S] [--steps N]
+      [--save-torch DIR] [--save-dcp DIR] [--then-steps M --final FILE[,FILE...]]
       [--device cpu|cuda] [--map-location cpu|cuda] [--expect-torch DIR]
   interop.py compare A B TOLERANCE      two torch.save'd state dicts agree
   interop.py safetensors FILE REF       FILE (safetensors) holds REF's tensors
@@ -78,6 +78,9 @@ def same_as_files(model_state, optim_state, directory, names):
 
 
 def run(args):
+    """One launch, one or more runs: --load-dcp and --final may each list
+    several paths (comma-separated, as many of each), the same run from each
+    checkpoint in turn (a launch of PyTorch costs more than the run)."""
     import torch.distributed as dist
 
     distributed = args.parallel != "plain"
@@ -89,15 +92,37 @@ def run(args):
     device = torch.device(args.device, int(os.environ.get("LOCAL_RANK", "0")) if args.device == "cuda" else None)
     if args.device == "cuda":
         torch.cuda.set_device(device)
+    mesh = None
+    if args.parallel == "fsdp2":
+        from torch.distributed.device_mesh import init_device_mesh
+
+        mesh = init_device_mesh(args.device, (world,))
+    loads = args.load_dcp.split(",")
+    finals = args.final.split(",")
+    if len(loads) > 1 and len(loads) != len(finals):
+        sys.exit("interop.py: --load-dcp lists %d checkpoints, --final %d files" % (len(loads), len(finals)))
+    for i, load_dcp in enumerate(loads):
+        run_one(args, load_dcp, finals[i] if len(loads) > 1 else args.final, rank, world, device, mesh)
+    if distributed:
+        dist.barrier()
+        dist.destroy_process_group()
+    print("interop.py: done")
+    # Every result is written. PyTorch 2.11's Gloo group can abort while the
+    # interpreter exits (SIGABRT after the work is done): leave without that
+    # teardown, so that only a failure of the runs above fails the test.
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(0)
+
+
+def run_one(args, load_dcp, final, rank, world, device, mesh):
     net = make_model().to(device)
     model = net
     if args.parallel == "ddp":
         model = torch.nn.parallel.DistributedDataParallel(net)
     elif args.parallel == "fsdp2":
         from torch.distributed.fsdp import fully_shard
-        from torch.distributed.device_mesh import init_device_mesh
 
-        mesh = init_device_mesh(args.device, (world,))
         for layer in net:
             if any(True for _ in layer.parameters()):
                 fully_shard(layer, mesh=mesh)
@@ -108,13 +133,13 @@ def run(args):
         where = args.map_location or None
         net.load_state_dict(torch.load(os.path.join(args.load_torch, "model.pt"), map_location=where, weights_only=True))
         opt.load_state_dict(load_optimizer_file(os.path.join(args.load_torch, "optim.pt"), where))
-    if args.load_dcp:
+    if load_dcp:
         import torch.distributed.checkpoint as dcp
         from torch.distributed.checkpoint.state_dict import get_state_dict, set_state_dict
 
         msd, osd = get_state_dict(model, opt)
         state = {"model": msd, "optim": osd}
-        dcp.load(state, checkpoint_id=args.load_dcp)
+        dcp.load(state, checkpoint_id=load_dcp)
         set_state_dict(model, opt, model_state_dict=state["model"], optim_state_dict=state["optim"])
 
     if args.expect_torch:
@@ -146,7 +171,7 @@ def run(args):
         msd, osd = get_state_dict(model, opt)
         dcp.save({"model": msd, "optim": osd}, checkpoint_id=args.save_dcp)
     train(args.then_steps)
-    if args.final:
+    if final:
         if args.parallel == "fsdp2":
             from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_state_dict
 
@@ -154,11 +179,7 @@ def run(args):
         else:
             full = net.state_dict()
         if rank == 0:
-            torch.save({k: v.cpu() for k, v in full.items()}, args.final)
-    if distributed:
-        dist.barrier()
-        dist.destroy_process_group()
-    print("interop.py: done")
+            torch.save({k: v.cpu() for k, v in full.items()}, final)
 
 
 def compare(a, b, tolerance):

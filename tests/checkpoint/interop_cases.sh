@@ -112,9 +112,25 @@ fi
 for parallel in ddp zero fsdp; do
   d=$work/$parallel
   check "$parallel's DCP: PyTorch loads it alone, bit for bit, the next step agrees" py_loads plain 0 "$d" dcp bitwise
-  for into in fsdp2 ddp; do
-    for n in 1 2 3; do
-      check "$parallel's DCP (2 ranks) into PyTorch's $into at $n ranks: the next step agrees" py_loads $into $n "$d" dcp
+done
+# PyTorch's $1 on $2 ranks loads each of ddp's three DCP saves in turn, in
+# one launch (a launch of PyTorch 2.11 costs more than the run), and ends
+# each with one step; the checks below compare each against ddp's own step.
+py_loads_each() {
+  local dirs="" finals="" parallel
+  for parallel in ddp zero fsdp; do
+    dirs+="${dirs:+,}$work/$parallel/dcp"
+    finals+="${finals:+,}$work/$parallel/py-$1-$2-dcp.pt"
+  done
+  py "$2" --parallel "$1" --load-dcp "$dirs" --first-step 3 --then-steps 1 --final "$finals"
+}
+for into in fsdp2 ddp; do
+  for n in 1 2 3; do
+    py_loads_each $into $n # a failure shows as its log, and in the checks: no file to compare
+    for parallel in ddp zero fsdp; do
+      d=$work/$parallel
+      check "$parallel's DCP (2 ranks) into PyTorch's $into at $n ranks: the next step agrees" \
+        agree "$d/py-$into-$n-dcp.pt" "$d/final.pt"
     done
   done
 done

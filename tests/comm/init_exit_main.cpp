@@ -3,7 +3,8 @@
 // launcher. DDP_TEST_INIT_EXIT_AT=<point>:<rank> stops that rank at a point
 // of init_process_group (Note [Start-up exit points]) or, for the points
 // first-collective and ddp, here: before its first allreduce, or before it
-// constructs DistributedDataParallel.
+// constructs DistributedDataParallel. INIT_EXIT_TIMEOUT_S: the group's
+// timeout (default 4 s).
 //
 // Every rank prints one line and exits:
 //   init_exit: rank R completed            (exit 0: nobody stopped)
@@ -65,7 +66,10 @@ int main() {
   const int rank = env_int("RANK");
   wait_for_go_file();
   try {
-    auto group = ddp::init_process_group(ddp::InitOptions().timeout(std::chrono::seconds(4)));
+    // The sweep's deadline is short; INIT_EXIT_TIMEOUT_S lengthens it for
+    // the start-up of a large world on few cores (docs/reliability.md).
+    const int timeout_s = env_int("INIT_EXIT_TIMEOUT_S") > 0 ? env_int("INIT_EXIT_TIMEOUT_S") : 4;
+    auto group = ddp::init_process_group(ddp::InitOptions().timeout(std::chrono::seconds(timeout_s)));
     exit_point("first-collective", rank);
     auto ones = torch::ones({4});
     group->allreduce(ones)->wait();

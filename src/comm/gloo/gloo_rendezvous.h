@@ -2,11 +2,7 @@
 
 // How ranks of a Gloo group find each other (private header).
 //
-// 1. Arrival: each rank claims its rank number with `add` (so that two
-//    processes started with the same RANK are caught), publishes its world
-//    size under "<prefix>arrived/<rank>", and waits for every other rank's
-//    key. A timeout names the ranks that never arrived; a world size that
-//    differs names the rank that disagrees.
+// 1. Arrival (comm/rendezvous_arrival.h, which NCCL's engine shares).
 // 2. Gloo's full-mesh connect runs over the same Store through
 //    `GlooStoreAdapter`, with the group's deadline on every wait.
 // 3. The TCP device binds to the interface chosen by `make_gloo_device`.
@@ -42,10 +38,6 @@ class DDP_GLOO_HIDDEN GlooStoreAdapter : public gloo::rendezvous::Store {
   std::string prefix_;
   std::chrono::milliseconds timeout_;
 };
-
-// Step 1 above. `who` is the "[rank R/W]" prefix for messages.
-void wait_for_all_ranks(ddp::Store& store, const std::string& prefix, int rank,
-                        int size, std::chrono::milliseconds timeout, const std::string& who);
 
 struct DeviceChoice {
   std::string interface; // bind to this interface, or

@@ -30,6 +30,7 @@
 #include "comm/gloo/gloo_api.h"
 #include "comm/gloo/gloo_errors.h"
 #include "comm/gloo/gloo_rendezvous.h"
+#include "comm/rendezvous_arrival.h"
 #include "comm/gloo/gloo_shared_buffers.h"
 #include "comm/gloo/gloo_words.h"
 #include "comm/gloo/sigpipe_guard.h"

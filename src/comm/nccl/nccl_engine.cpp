@@ -17,7 +17,7 @@
 
 #include <ddp/comm/error.h>
 
-#include "comm/gloo/gloo_rendezvous.h"
+#include "comm/rendezvous_arrival.h"
 #include "comm/nccl/nccl_engine_detail.h"
 #include "internal/check.h"
 #include "internal/env.h"
