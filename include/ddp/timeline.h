@@ -2,7 +2,8 @@
 
 /// The timeline: with DDP_TRACE_DIR set, each rank keeps the events of its
 /// last steps (DDP_TRACE_STEPS, default 20): DistributedDataParallel's
-/// forward, backward, buckets and waits, every collective, the
+/// forward, backward, buckets and waits, FullyShardedDataParallel's forward
+/// (each forward with gradients of either begins a step), every collective, the
 /// ZeroRedundancyOptimizer's step and the spans a program marks with
 /// TimelineScope. At exit it writes them to DDP_TRACE_DIR/trace_rank_<R>.json
 /// in the Chrome Trace Event Format (Perfetto, chrome://tracing);
@@ -24,6 +25,10 @@ bool timeline_enabled();
 ///
 /// Example:
 ///   { ddp::TimelineScope scope("optimizer step", "optimizer"); optimizer.step(); }
+///
+/// Thread-safety: any thread may hold scopes, each its own (the timeline
+/// records from every thread under one lock); one scope belongs to the
+/// thread that made it.
 class TimelineScope {
  public:
   explicit TimelineScope(std::string name, const std::string& track = "user");

@@ -28,6 +28,9 @@
 
 namespace ddp::optim {
 
+/// Thread-safety: not thread-safe; use it from one thread, like the
+/// optimizer it wraps (a step that averages is a collective, which every
+/// rank calls in the same order).
 class PostLocalSGDOptimizer : public torch::optim::Optimizer {
  public:
   /// Wraps `optimizer` (its parameter groups become this optimizer's) and
