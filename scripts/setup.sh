@@ -38,7 +38,7 @@ packages=(libtorch-dev libgloo-dev libgtest-dev cmake ninja-build g++ python3-to
 # its own daemons with its own configuration; on a machine with systemd,
 # Debian's packages also enable munge.service and slurmd.service, which do
 # nothing without an /etc/slurm/slurm.conf), iproute2 for its two-node
-# cluster's network namespaces. Installed when the build includes the
+# cluster's network namespaces (and netem_cases' two hosts). Installed when the build includes the
 # tests (DDP_BUILD_TARGETS=all, as scripts/test.sh sets it).
 if [[ " ${DDP_BUILD_TARGETS:-} " == *" all "* ]]; then
   packages+=(slurmctld slurmd slurm-client munge iproute2)

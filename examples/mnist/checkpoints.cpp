@@ -3,7 +3,12 @@
 // Note [Checkpoint directory]
 // After epoch N the directory holds epoch N's checkpoint and `latest`,
 // which says "completed_epochs N", the format, and how the run was set up.
-// The checkpoint, by --checkpoint-format:
+// With --checkpoint-every K there is also one every K steps within an
+// epoch: after step S of epoch N+1 its files are named epoch-(N+1)-step-S
+// instead of epoch-N, `latest` says "completed_steps S" too, and
+// epoch-(N+1)-step-S.sampler.pt holds the sampler's epoch and position, from
+// which a resumed run draws the same remaining batches as an uninterrupted
+// one. The checkpoint, by --checkpoint-format:
 //   ddp          epoch-N.pt (ddp::save_checkpoint; its optimizer state in
 //                epoch-N.pt.optimizer; under --fsdp a sharded checkpoint,
 //                epoch-N.pt and a file per rank)
@@ -36,9 +41,6 @@ namespace {
 
 const char* const kSidecarName = "latest";
 
-std::string stem(const std::string& dir, int64_t epoch) {
-  return dir + "/epoch-" + std::to_string(epoch);
-}
 
 void remove_tree(const std::string& path) {
   if (DIR* listing = ::opendir(path.c_str())) {
@@ -88,8 +90,10 @@ void write_atomically(const std::string& path, const std::string& text) {
 
 void write_sidecar(const std::string& dir, const Sidecar& s) {
   std::ostringstream text;
-  text << "# mnist_train: the newest complete checkpoint is that of epoch " << s.completed_epochs << "\n"
+  text << "# mnist_train: the newest complete checkpoint is " << checkpoint_tag(s.completed_epochs, s.completed_steps)
+       << "\n"
        << "completed_epochs " << s.completed_epochs << "\n"
+       << "completed_steps " << s.completed_steps << "\n"
        << "world_size " << s.world_size << "\n"
        << "batch_size " << s.batch_size << "\n"
        << "seed " << s.seed << "\n"
@@ -125,6 +129,8 @@ std::optional<Sidecar> read_sidecar(const std::string& dir) {
     if (key == "completed_epochs") {
       s.completed_epochs = value;
       has_epochs = true;
+    } else if (key == "completed_steps") {
+      s.completed_steps = value;
     } else if (key == "world_size") {
       s.world_size = value;
     } else if (key == "batch_size") {
@@ -139,8 +145,31 @@ std::optional<Sidecar> read_sidecar(const std::string& dir) {
   return s;
 }
 
-std::string save_epoch(const Trained& t, const std::string& dir, const std::string& format, int64_t epoch) {
-  const std::string base = stem(dir, epoch);
+std::string checkpoint_tag(int64_t completed_epochs, int64_t completed_steps) {
+  return completed_steps == 0
+             ? "epoch-" + std::to_string(completed_epochs)
+             : "epoch-" + std::to_string(completed_epochs + 1) + "-step-" + std::to_string(completed_steps);
+}
+
+void save_sampler(const ddp::DistributedSampler& sampler, const std::string& dir, const std::string& tag) {
+  torch::serialize::OutputArchive archive;
+  sampler.save(archive);
+  const std::string path = dir + "/" + tag + ".sampler.pt";
+  archive.save_to(path + ".tmp");
+  if (std::rename((path + ".tmp").c_str(), path.c_str()) != 0) {
+    throw std::runtime_error("cannot rename " + path + ".tmp to " + path + ": " + std::strerror(errno));
+  }
+}
+
+void load_sampler(ddp::DistributedSampler& sampler, const std::string& dir, const std::string& tag) {
+  torch::serialize::InputArchive archive;
+  archive.load_from(dir + "/" + tag + ".sampler.pt");
+  sampler.load(archive);
+}
+
+std::string save_checkpoint(const Trained& t, const std::string& dir, const std::string& format,
+                            const std::string& tag) {
+  const std::string base = dir + "/" + tag;
   auto& optimizer = *t.optimizer;
   if (format == "dcp") {
     const std::string path = base + ".dcp";
@@ -196,9 +225,9 @@ std::string save_epoch(const Trained& t, const std::string& dir, const std::stri
   return path;
 }
 
-std::string load_epoch(const Trained& t, const std::string& dir, const std::string& format, int64_t epoch,
-                       int world_size, std::string* note) {
-  const std::string base = stem(dir, epoch);
+std::string load_checkpoint(const Trained& t, const std::string& dir, const std::string& format,
+                            const std::string& tag, int world_size, std::string* note) {
+  const std::string base = dir + "/" + tag;
   auto& optimizer = *t.optimizer;
   if (format == "dcp") {
     // Any world size: each rank reads the pieces it holds, optimizer state too.
@@ -236,11 +265,11 @@ std::string load_epoch(const Trained& t, const std::string& dir, const std::stri
   return path;
 }
 
-void remove_other_checkpoints(const std::string& dir, int64_t keep) {
-  // Keeps epoch-<keep> and every file named after it (epoch-<keep>.pt.optimizer,
-  // a sharded checkpoint's rank files, epoch-<keep>.dcp/), and removes
-  // temporary files that a killed save left behind.
-  const std::string kept = "epoch-" + std::to_string(keep) + ".";
+void remove_other_checkpoints(const std::string& dir, const std::string& keep) {
+  // Keeps <keep> and every file named after it (epoch-2.pt.optimizer, a
+  // sharded checkpoint's rank files, epoch-2.dcp/, epoch-3-step-10.sampler.pt),
+  // and removes temporary files that a killed save left behind.
+  const std::string kept = keep + ".";
   DIR* listing = ::opendir(dir.c_str());
   if (listing == nullptr) {
     return;

@@ -18,6 +18,9 @@ namespace mnist {
 /// What `latest` records of the run that wrote the newest checkpoint.
 struct Sidecar {
   int64_t completed_epochs = 0;
+  /// Steps done of epoch completed_epochs + 1 (--checkpoint-every); 0 at the
+  /// end of an epoch.
+  int64_t completed_steps = 0;
   int64_t world_size = 0;
   int64_t batch_size = 0;
   uint64_t seed = 0;
@@ -42,16 +45,26 @@ void write_sidecar(const std::string& dir, const Sidecar& sidecar);
 /// The sidecar of `dir`, or nullopt when there is none yet.
 std::optional<Sidecar> read_sidecar(const std::string& dir);
 
-/// Saves epoch `epoch`'s checkpoint in `format` (a collective); returns the
-/// path it names in the log.
-std::string save_epoch(const Trained& trained, const std::string& dir, const std::string& format, int64_t epoch);
+/// The stem of a checkpoint's files: "epoch-2" after 2 whole epochs,
+/// "epoch-3-step-10" after 10 steps of epoch 3.
+std::string checkpoint_tag(int64_t completed_epochs, int64_t completed_steps);
 
-/// Loads epoch `epoch`'s checkpoint of `format` on every rank; returns the
-/// path it read, and in `note` what the load could not carry over.
-std::string load_epoch(const Trained& trained, const std::string& dir, const std::string& format, int64_t epoch,
-                       int world_size, std::string* note);
+/// Saves the checkpoint `tag` in `format` (a collective); returns the path
+/// it names in the log.
+std::string save_checkpoint(const Trained& trained, const std::string& dir, const std::string& format,
+                            const std::string& tag);
 
-/// Removes the checkpoint files of `dir` but those of epoch `keep`.
-void remove_other_checkpoints(const std::string& dir, int64_t keep);
+/// Loads the checkpoint `tag` of `format` on every rank; returns the path it
+/// read, and in `note` what the load could not carry over.
+std::string load_checkpoint(const Trained& trained, const std::string& dir, const std::string& format,
+                            const std::string& tag, int world_size, std::string* note);
+
+/// The sampler's epoch and position in `tag`.sampler.pt: saved by one rank
+/// (every rank's position is the same), loaded by each.
+void save_sampler(const ddp::DistributedSampler& sampler, const std::string& dir, const std::string& tag);
+void load_sampler(ddp::DistributedSampler& sampler, const std::string& dir, const std::string& tag);
+
+/// Removes the checkpoint files of `dir` but those of `keep`.
+void remove_other_checkpoints(const std::string& dir, const std::string& keep);
 
 } // namespace mnist

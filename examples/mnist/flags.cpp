@@ -51,6 +51,9 @@ const char* usage() {
          "                         state included), torch (torch.save-format state\n"
          "                         dicts) or safetensors (the model; the optimizer's\n"
          "                         state beside it in torch.save's format)\n"
+         "  --checkpoint-every N   also save one every N steps within an epoch, with the\n"
+         "                         sampler's position, to resume from that step (default:\n"
+         "                         at the ends of epochs only)\n"
          "  --resume               continue from the newest checkpoint in --checkpoint-dir\n"
          "                         (implied when a launcher restarted the job: ddprun\n"
          "                         --max-restarts, torchrun --max-restarts, a requeued\n"
@@ -101,6 +104,7 @@ Flags parse_flags(int argc, char** argv) {
          flags.checkpoint_format = v;
        }},
       {"--csv", [&](auto&, auto& v) { flags.csv = v; }},
+      {"--checkpoint-every", [&](auto& f, auto& v) { flags.checkpoint_every = parse_int(f, v, 1); }},
       {"--stop-after-epoch", [&](auto& f, auto& v) { flags.stop_after_epoch = parse_int(f, v, 1); }},
       {"--comm-hook",
        [&](auto& f, auto& v) {
@@ -169,6 +173,14 @@ Flags parse_flags(int argc, char** argv) {
   if (flags.stop_after_epoch > 0 && flags.checkpoint_dir.empty()) {
     throw FlagError("--stop-after-epoch needs --checkpoint-dir (stopping without a checkpoint "
                     "would lose the epochs trained)");
+  }
+  if (flags.checkpoint_every > 0 && flags.checkpoint_dir.empty()) {
+    throw FlagError("--checkpoint-every needs --checkpoint-dir (where the checkpoints go)");
+  }
+  if (flags.checkpoint_every > 0 && flags.comm_hook == "localsgd") {
+    throw FlagError("--checkpoint-every with --comm-hook localsgd: within an epoch each rank's parameters differ "
+                    "between averagings, and a checkpoint keeps rank 0's; checkpoint at the ends of epochs, where "
+                    "the ranks agree");
   }
   if (flags.comm_hook == "localsgd" && flags.optimizer_sharding != "none") {
     throw FlagError("--comm-hook localsgd lets each rank's parameters diverge between averagings, which sharded "

@@ -38,6 +38,10 @@ struct Flags {
   /// optimizer) or "safetensors" (the model; the optimizer's state in
   /// torch.save's format beside it). See checkpoints.cpp.
   std::string checkpoint_format = "ddp";
+  /// Also save a checkpoint every this many steps within an epoch (0: at
+  /// the ends of epochs only), with the sampler's position, so that a
+  /// resumed run goes on from that step exactly.
+  int64_t checkpoint_every = 0;
   /// Continue from the newest checkpoint in checkpoint_dir.
   bool resume = false;
   /// Where rank 0 writes one row of metrics per epoch; empty: nowhere.

@@ -1,8 +1,9 @@
 // mnist_train: a small convolutional network trained on MNIST-format data by
 // several ranks with DistributedDataParallel. A program to copy: it shards
 // the data with DistributedSampler, shows progress on rank 0, evaluates on a
-// held-out set every epoch, saves a checkpoint every epoch, resumes from it,
-// and writes metrics to a CSV file.
+// held-out set every epoch, saves a checkpoint every epoch (and every N
+// steps with --checkpoint-every N, the sampler's position included), resumes
+// from it exactly, and writes metrics to a CSV file.
 //
 // Usage:
 //   build/ddprun --nproc-per-node 2 build/examples/mnist_train --checkpoint-dir /tmp/mnist_ckpt --csv /tmp/mnist.csv
@@ -288,8 +289,10 @@ int train(const Flags& flags, const ddp::WorldInfo& world, torch::Device device,
 
   // Rank 0 alone looks at the output directory and the CSV file (only rank 0
   // writes files), then tells the others where to start: the number of
-  // epochs already done, or -1 if it failed (its error follows).
+  // epochs already done and the steps of the next (--checkpoint-every), or
+  // -1 if it failed (its error follows).
   int64_t completed_epochs = 0;
+  int64_t completed_steps = 0;
   std::string prepare_error;
   if (is_rank0) {
     if (restart_count > 0) {
@@ -309,6 +312,7 @@ int train(const Flags& flags, const ddp::WorldInfo& world, torch::Device device,
                                      "; resume it with --checkpoint-format " + sidecar->format);
           }
           completed_epochs = sidecar->completed_epochs;
+          completed_steps = sidecar->completed_steps;
           if (sidecar->world_size != group->size() || sidecar->batch_size != flags.batch_size ||
               sidecar->seed != flags.seed) {
             std::printf("mnist_train: note: the checkpoint was made with %lld ranks, batch %lld, "
@@ -321,10 +325,10 @@ int train(const Flags& flags, const ddp::WorldInfo& world, torch::Device device,
                         static_cast<unsigned long long>(flags.seed));
           }
         } else if (sidecar) {
-          std::printf("mnist_train: note: %s holds a checkpoint of epoch %lld; starting from "
+          std::printf("mnist_train: note: %s holds a checkpoint (%s); starting from "
                       "scratch over it (add --resume to continue it)\n",
                       flags.checkpoint_dir.c_str(),
-                      static_cast<long long>(sidecar->completed_epochs));
+                      mnist::checkpoint_tag(sidecar->completed_epochs, sidecar->completed_steps).c_str());
         } else if (flags.resume) {
           std::printf("mnist_train: no checkpoint in %s yet; starting from epoch 1\n",
                       flags.checkpoint_dir.c_str());
@@ -338,10 +342,11 @@ int train(const Flags& flags, const ddp::WorldInfo& world, torch::Device device,
       completed_epochs = -1;
     }
   }
-  auto start = torch::full({1}, completed_epochs, torch::TensorOptions().dtype(torch::kLong))
+  auto start = torch::tensor({completed_epochs, completed_steps}, torch::TensorOptions().dtype(torch::kLong))
                    .to(device);
   group->broadcast(start)->wait();
-  completed_epochs = start.item<int64_t>();
+  completed_epochs = start[0].item<int64_t>();
+  completed_steps = start[1].item<int64_t>();
   if (completed_epochs < 0) {
     if (is_rank0) {
       std::fprintf(stderr, "mnist_train: %s\n", prepare_error.c_str());
@@ -450,17 +455,45 @@ int train(const Flags& flags, const ddp::WorldInfo& world, torch::Device device,
       std::printf("mnist_train: communication hook %s\n", flags.comm_hook.c_str());
     }
   }
-  if (completed_epochs > 0) {
-    // Every rank reads the files onto its own device.
+  if (completed_epochs > 0 || completed_steps > 0) {
+    // Every rank reads the files onto its own device, and mid-epoch the
+    // sampler's position: the next batches are those an uninterrupted run
+    // would draw.
     std::string note;
-    const std::string path = mnist::load_epoch(trained, flags.checkpoint_dir, flags.checkpoint_format,
-                                               completed_epochs, group->size(), &note);
+    const std::string tag = mnist::checkpoint_tag(completed_epochs, completed_steps);
+    const std::string path = mnist::load_checkpoint(trained, flags.checkpoint_dir, flags.checkpoint_format, tag,
+                                                    group->size(), &note);
+    if (completed_steps > 0) {
+      mnist::load_sampler(sampler, flags.checkpoint_dir, tag);
+    }
     if (is_rank0) {
-      std::printf("mnist_train: resumed from %s%s: %lld of %lld epochs done%s\n", path.c_str(), note.c_str(),
+      const std::string steps_done =
+          completed_steps > 0 ? " and " + std::to_string(completed_steps) + " steps of the next" : "";
+      std::printf("mnist_train: resumed from %s%s: %lld of %lld epochs done%s%s\n", path.c_str(), note.c_str(),
                   static_cast<long long>(completed_epochs), static_cast<long long>(flags.epochs),
-                  completed_epochs >= flags.epochs ? "; nothing left to train" : "");
+                  steps_done.c_str(), completed_epochs >= flags.epochs ? "; nothing left to train" : "");
     }
   }
+
+  // Saves the checkpoint of the position (epochs done, steps of the next)
+  // on every rank (a collective: rank 0 writes, or each rank its shard),
+  // then, once it is complete, rank 0 names it in `latest` and removes the
+  // older ones. The model stays where it is (moving it to the CPU to save,
+  // as some PyTorch code does, would take it out of DDP's hands). Returns
+  // the path the log names.
+  const auto save = [&](int64_t done_epochs, int64_t done_steps) {
+    const std::string tag = mnist::checkpoint_tag(done_epochs, done_steps);
+    const std::string path = mnist::save_checkpoint(trained, flags.checkpoint_dir, flags.checkpoint_format, tag);
+    if (is_rank0) {
+      if (done_steps > 0) {
+        mnist::save_sampler(sampler, flags.checkpoint_dir, tag); // every rank's position is the same
+      }
+      mnist::write_sidecar(flags.checkpoint_dir, mnist::Sidecar{done_epochs, done_steps, group->size(),
+                                                                flags.batch_size, flags.seed, flags.checkpoint_format});
+      mnist::remove_other_checkpoints(flags.checkpoint_dir, tag);
+    }
+    return path;
+  };
 
   const auto on_device = torch::TensorOptions().dtype(torch::kDouble).device(device);
   for (int64_t epoch = completed_epochs + 1; epoch <= flags.epochs; ++epoch) {
@@ -474,7 +507,9 @@ int train(const Flags& flags, const ddp::WorldInfo& world, torch::Device device,
     // every step would wait for the GPU at every step.
     auto loss_sum = torch::zeros({}, on_device);
     int64_t samples = 0;
-    int64_t step = 0;
+    // A run resumed mid-epoch goes on from the step its checkpoint was taken
+    // at; the epoch's loss and throughput then cover the steps after it.
+    int64_t step = epoch == completed_epochs + 1 ? completed_steps : 0;
     for (auto& batch : *loader) {
       auto x = batch.data.to(device, /*non_blocking=*/true);
       auto y = batch.target.to(device, /*non_blocking=*/true);
@@ -492,6 +527,9 @@ int train(const Flags& flags, const ddp::WorldInfo& world, torch::Device device,
       loss_sum += loss.detach().to(torch::kDouble) * static_cast<double>(n);
       samples += n;
       ++step;
+      if (flags.checkpoint_every > 0 && step % flags.checkpoint_every == 0 && step < steps) {
+        save(epoch - 1, step);
+      }
       if (test_crash && test_crash->rank == world.rank && test_crash->epoch == epoch &&
           test_crash->step == step) {
         std::printf("mnist_train: rank %d kills itself after epoch %lld step %lld "
@@ -537,16 +575,7 @@ int train(const Flags& flags, const ddp::WorldInfo& world, torch::Device device,
     }
     std::string saved;
     if (!flags.checkpoint_dir.empty()) {
-      // A collective: rank 0 writes, then everyone meets at a barrier. The
-      // model stays where it is (moving it to the CPU to save, as some
-      // PyTorch code does, would take it out of DDP's hands).
-      const std::string path = mnist::save_epoch(trained, flags.checkpoint_dir, flags.checkpoint_format, epoch);
-      if (is_rank0) {
-        mnist::write_sidecar(flags.checkpoint_dir, mnist::Sidecar{epoch, group->size(), flags.batch_size, flags.seed,
-                                                                  flags.checkpoint_format});
-        mnist::remove_other_checkpoints(flags.checkpoint_dir, epoch);
-      }
-      saved = "; saved " + path;
+      saved = "; saved " + save(epoch, 0);
     }
     if (is_rank0) {
       std::printf("%s: train loss %.4f, test accuracy %.4f (%lld/%lld), %.0f samples/s, %s%s\n",

@@ -28,14 +28,14 @@
 #include <ddp/init.h>
 #include <ddp/nn/activation_checkpoint.h>
 #include <ddp/nn/checkpoint.h>
-#include <ddp/nn/comm_hooks.h>
+#include <ddp/comm_hooks/comm_hooks.h>
 #include <ddp/nn/deferred_init.h>
 #include <ddp/nn/distributed_data_parallel.h>
 #include <ddp/nn/fully_sharded_data_parallel.h>
 #include <ddp/nn/insight.h>
 #include <ddp/nn/join.h>
-#include <ddp/nn/post_local_sgd_hook.h>
-#include <ddp/nn/powersgd_hook.h>
+#include <ddp/comm_hooks/post_local_sgd_hook.h>
+#include <ddp/comm_hooks/powersgd_hook.h>
 #include <ddp/nn/sharded_checkpoint.h>
 #include <ddp/nn/sync_batch_norm.h>
 #include <ddp/optim/post_local_sgd_optimizer.h>

@@ -59,20 +59,6 @@ struct Entry {
   uint64_t end = 0;
 };
 
-json::Value number(double value) {
-  json::Value v;
-  v.kind = json::Value::Kind::kNumber;
-  v.number = value;
-  return v;
-}
-
-json::Value text(const std::string& value) {
-  json::Value v;
-  v.kind = json::Value::Kind::kString;
-  v.text = value;
-  return v;
-}
-
 struct Header {
   std::vector<Entry> entries; // in data order
   std::map<std::string, std::string> metadata;
@@ -181,21 +167,22 @@ void save_safetensors(const StateDict& state, const std::string& path,
               item.value().scalar_type());
     json::Value entry;
     entry.kind = json::Value::Kind::kObject;
-    entry.members["dtype"] = text(code);
+    entry.members["dtype"] = json::string_value(code);
     entry.members["shape"].kind = json::Value::Kind::kArray;
     for (int64_t d : item.value().sizes()) {
-      entry.members["shape"].items.push_back(number(static_cast<double>(d)));
+      entry.members["shape"].items.push_back(json::number_value(static_cast<double>(d)));
     }
     const uint64_t bytes = static_cast<uint64_t>(item.value().numel()) * item.value().element_size();
     entry.members["data_offsets"].kind = json::Value::Kind::kArray;
-    entry.members["data_offsets"].items = {number(static_cast<double>(offset)), number(static_cast<double>(offset + bytes))};
+    entry.members["data_offsets"].items = {json::number_value(static_cast<double>(offset)),
+                                           json::number_value(static_cast<double>(offset + bytes))};
     root.members[item.key()] = std::move(entry);
     offset += bytes;
   }
   json::Value& meta = root.members["__metadata__"];
   meta.kind = json::Value::Kind::kObject;
   for (const auto& [k, v] : metadata.empty() ? std::map<std::string, std::string>{{"format", "pt"}} : metadata) {
-    meta.members[k] = text(v);
+    meta.members[k] = json::string_value(v);
   }
   std::string header;
   json::write(root, header);

@@ -14,6 +14,7 @@ ddp_add_part(ddp_comm
   src/comm/process_group_composite.cpp
   src/comm/monitored_barrier.cpp
   src/comm/fingerprint.cpp
+  src/comm/failure_ledger.cpp
   src/comm/collective_label.cpp
   src/comm/alltoall_splits.cpp
   src/comm/batch_p2p.cpp

@@ -6,7 +6,17 @@
 #include "internal/check.h"
 #include "timeline/timeline.h"
 
+#include <algorithm>
+
 namespace ddp {
+
+namespace {
+
+// How long a wait with the group's timeout gives the operation's own
+// deadline to fail it (see Work::wait).
+constexpr std::chrono::milliseconds kOperationGrace{2000};
+
+} // namespace
 
 std::shared_ptr<Work> Work::create(
     std::string name,
@@ -42,14 +52,21 @@ std::exception_ptr Work::exception() const {
 }
 
 void Work::wait(std::chrono::milliseconds timeout) {
-  if (timeout == kUseGroupTimeout) {
+  const bool group_timeout = timeout == kUseGroupTimeout;
+  if (group_timeout) {
     timeout = default_timeout_;
   }
   std::unique_lock<std::mutex> lock(mutex_);
   // A wait that blocks is on the timeline's "waits" track (Note [Timeline]).
   internal::Timeline* timeline = completed_ ? nullptr : internal::Timeline::get();
   const int64_t blocked_at_us = timeline != nullptr ? internal::Timeline::now_us() : 0;
-  if (!completed_cv_.wait_for(lock, timeout, [this] { return completed_; })) {
+  const auto done = [this] { return completed_; };
+  // With the group's timeout, the operation's own deadline (the same
+  // length, started when it started) falls due a moment after this wait's:
+  // its error says more (which ranks had not reached it, which failed
+  // first), so it gets a short grace to arrive.
+  if (!completed_cv_.wait_for(lock, timeout, done) &&
+      !(group_timeout && completed_cv_.wait_for(lock, std::min(timeout, kOperationGrace), done))) {
     lock.unlock();
     const std::string message = c10::str(
         name_, ": wait timed out after ", timeout.count(),

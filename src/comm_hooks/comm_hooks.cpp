@@ -1,4 +1,4 @@
-#include <ddp/nn/comm_hooks.h>
+#include <ddp/comm_hooks/comm_hooks.h>
 
 #include <ATen/ATen.h>
 

@@ -1,4 +1,4 @@
-#include <ddp/nn/post_local_sgd_hook.h>
+#include <ddp/comm_hooks/post_local_sgd_hook.h>
 
 #include <ATen/ATen.h>
 

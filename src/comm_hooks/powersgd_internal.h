@@ -3,7 +3,7 @@
 // What the two PowerSGD hooks (powersgd_hook.cpp, batched_powersgd_hook.cpp)
 // and their state (powersgd_state.cpp) share. Private.
 
-#include <ddp/nn/powersgd_hook.h>
+#include <ddp/comm_hooks/powersgd_hook.h>
 
 #include <ATen/ATen.h>
 

@@ -5,12 +5,14 @@
 #include <algorithm>
 #include <cstdint>
 #include <map>
+#include <optional>
 #include <set>
 #include <sstream>
 #include <stdexcept>
 #include <vector>
 
 #include "flight_recorder/dump_view.h"
+#include "flight_recorder/launcher_account.h"
 #include "internal/json.h"
 #include "internal/text_files.h"
 
@@ -105,8 +107,72 @@ std::string first_line(const std::string& text) {
   return line;
 }
 
-// The verdict and the mismatches of one group.
-void analyze_group(const std::string& name, const GroupView& group, std::FILE* out) {
+// The ranks named as `marker` N in `text`, each followed by `after`:
+// ranks_after("... lost connection to rank 3 (...", "lost connection to rank ", " (").
+std::vector<int> ranks_after(const std::string& text, const std::string& marker, const std::string& after) {
+  std::vector<int> ranks;
+  for (size_t at = text.find(marker); at != std::string::npos; at = text.find(marker, at + 1)) {
+    size_t end = at + marker.size();
+    int rank = 0;
+    while (end < text.size() && end - at - marker.size() < 9 && text[end] >= '0' && text[end] <= '9') {
+      rank = rank * 10 + (text[end++] - '0');
+    }
+    if (end > at + marker.size() && text.compare(end, after.size(), after) == 0) {
+      ranks.push_back(rank);
+    }
+  }
+  return ranks;
+}
+
+// Whom the ranks' errors blame for the group's first failure: the rank of
+// "rank N failed first" (the group's record in its store, Note [First
+// failure] in src/comm/failure_ledger.cpp); else, reading each "lost
+// connection to rank N" and "rank(s) [N] had not reached" as an arrow from
+// the rank that wrote it to N, the one rank that arrows point at and that
+// points at nobody itself (a rank that failed on its own, or left no dump).
+std::optional<int> blamed_by_errors(const GroupView& group) {
+  std::map<int, int> recorded;
+  std::map<int, std::set<int>> arrows; // from each rank that blames another
+  for (const auto& [rank, view] : group.ranks) {
+    for (const auto& [seq, record] : view.by_seq) {
+      if (record.state != "failed") {
+        continue;
+      }
+      for (const int r : ranks_after(record.error, "rank ", " failed first (")) {
+        ++recorded[r];
+      }
+      for (const int r : ranks_after(record.error, "lost connection to rank ", " (")) {
+        arrows[rank].insert(r);
+      }
+      for (const int r : ranks_after(record.error, "rank(s) [", "] had not reached")) {
+        arrows[rank].insert(r);
+      }
+    }
+  }
+  if (!recorded.empty()) {
+    return std::max_element(recorded.begin(), recorded.end(),
+                            [](const auto& a, const auto& b) { return a.second < b.second; })
+        ->first;
+  }
+  std::set<int> sinks;
+  for (const auto& [from, targets] : arrows) {
+    for (const int to : targets) {
+      if (arrows.count(to) == 0) {
+        sinks.insert(to);
+      }
+    }
+  }
+  if (sinks.size() == 1) {
+    return *sinks.begin();
+  }
+  return std::nullopt;
+}
+
+// The verdict and the mismatches of one group. `launcher`: ddprun's account
+// of the job's first failure, for the default group (whose ranks are the
+// global ranks it names).
+void analyze_group(const std::string& name, const GroupView& group, const LauncherAccount* launcher,
+                   std::FILE* out) {
   std::vector<int> without_dump;
   for (int r = 0; r < group.size; ++r) {
     if (group.ranks.count(r) == 0) {
@@ -197,6 +263,21 @@ void analyze_group(const std::string& name, const GroupView& group, std::FILE* o
       line += (i == 0 ? "" : "; ") + verdict[i];
     }
     std::fprintf(out, "%s\n", line.c_str());
+  }
+  // Who failed first. A rank that ddprun saw killed or stopped is the
+  // culprit; one that exited with an error may have failed because of
+  // another, which the ranks' errors then name.
+  const bool launcher_knows = launcher != nullptr && launcher->first_failed < group.size;
+  const auto blamed = blamed_by_errors(group);
+  if (launcher_knows && (launcher->what.rfind("was ", 0) == 0 || !blamed || *blamed == launcher->first_failed)) {
+    std::fprintf(out, "  first failure: rank %d (ddprun saw it: it %s)\n", launcher->first_failed,
+                 launcher->what.c_str());
+  } else if (blamed) {
+    std::fprintf(out, "  first failure: rank %d (as the ranks' errors say%s)\n", *blamed,
+                 launcher_knows ? ("; ddprun saw rank " + std::to_string(launcher->first_failed) + " end first: it " +
+                                   launcher->what)
+                                      .c_str()
+                                : "");
   }
   // Collectives whose ranks disagree.
   std::set<int64_t> seqs;
@@ -321,12 +402,26 @@ int analyze_directory(const std::string& dir, std::FILE* out, std::FILE* err) {
     return 1;
   }
   std::fprintf(out, "ddprun --analyze: %zu dump(s) in %s\n", read, dir.c_str());
+  // ddprun's own account of who failed first, when it is of the same job.
+  std::optional<LauncherAccount> launcher;
+  try {
+    launcher = read_launcher_account(dir);
+  } catch (const std::exception& e) {
+    std::fprintf(err, "ddprun --analyze: skipping %s\n", e.what());
+  }
+  if (const std::string& job = jobs.begin()->first.first; launcher && !job.empty() && launcher->job != job) {
+    launcher.reset(); // another job's, left in a shared folder
+  }
+  if (launcher) {
+    std::fprintf(out, "ddprun's account (attempt %d): rank %d %s, the first rank to fail\n", launcher->attempt,
+                 launcher->first_failed, launcher->what.c_str());
+  }
   if (const auto found = groups.find("default"); found != groups.end()) {
-    analyze_group(found->first, found->second, out);
+    analyze_group(found->first, found->second, launcher ? &*launcher : nullptr, out);
   }
   for (const auto& [name, group] : groups) {
     if (name != "default") {
-      analyze_group(name, group, out);
+      analyze_group(name, group, nullptr, out);
     }
   }
   return 0;

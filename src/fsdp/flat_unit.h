@@ -84,7 +84,8 @@ struct UnitConfig {
   double postdivide = 1;
   // Shared by the units: gathered parameters and gradient buffers.
   std::shared_ptr<BufferPool> pool;
-  // Set on Gloo and MPI: see SharedReduceBuffers.
+  // Set when the shard group reduces_in_shared_memory() (Gloo, MPI): see
+  // SharedReduceBuffers.
   std::shared_ptr<SharedReduceBuffers> shared_reduce;
   // CPUOffload.offload_params: shards of units on a GPU live in host memory.
   bool offload_params = false;

@@ -368,8 +368,7 @@ FullyShardedDataParallelImpl::FullyShardedDataParallelImpl(
   }
   s.config.pool = std::make_shared<fsdp::BufferPool>(4 * largest + 4096);
   static_assert(fsdp::kSharedReduceSlots == kReductionsInFlight + 1, "see SharedReduceBuffers");
-  const std::string backend = s.config.shard_group ? s.config.shard_group->backend_name() : "";
-  if (s.config.shard_group && s.config.shard_group->size() > 1 && (backend == "mpi" || backend == "gloo") &&
+  if (s.config.shard_group && s.config.shard_group->size() > 1 && s.config.shard_group->reduces_in_shared_memory() &&
       !plans.empty() && plans.front().entries.front().param.device().is_cpu()) {
     // See SharedReduceBuffers (flat_unit.h). Other backends reduce-scatter:
     // Gloo's own reduce-scatter moves half of what an allreduce moves.

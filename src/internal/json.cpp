@@ -272,4 +272,18 @@ void write(const Value& value, std::string& out) {
   }
 }
 
+Value number_value(double value) {
+  Value v;
+  v.kind = Value::Kind::kNumber;
+  v.number = value;
+  return v;
+}
+
+Value string_value(const std::string& text) {
+  Value v;
+  v.kind = Value::Kind::kString;
+  v.text = text;
+  return v;
+}
+
 } // namespace ddp::json

@@ -33,6 +33,10 @@ struct Value {
   int64_t int_or(const std::string& name, int64_t fallback) const;
 };
 
+// A number value, and a string value, for building documents to write.
+Value number_value(double value);
+Value string_value(const std::string& text);
+
 // Parses a whole document; trailing text other than whitespace is an error.
 Value parse(const std::string& text);
 

@@ -9,6 +9,7 @@ add_library(ddprun_objects OBJECT
   src/launch/teardown_dumps.cpp
   src/flight_recorder/analyzer.cpp
   src/flight_recorder/dump_directory.cpp
+  src/flight_recorder/launcher_account.cpp
   src/internal/json.cpp
   src/flight_recorder/pytorch_dump.cpp
   src/timeline/trace_merge.cpp

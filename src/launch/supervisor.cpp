@@ -52,6 +52,7 @@
 #include <fcntl.h>
 #include <poll.h>
 #include <signal.h>
+#include <sys/stat.h>
 #include <sys/types.h>
 #include <sys/wait.h>
 #include <unistd.h>
@@ -72,6 +73,8 @@
 #include <utility>
 #include <vector>
 
+#include "flight_recorder/dump_directory.h"
+#include "flight_recorder/launcher_account.h"
 #include "launch/child_process.h"
 #include "launch/output.h"
 #include "launch/teardown_dumps.h"
@@ -396,10 +399,48 @@ class Supervisor {
 #endif
     }
     failure_ = "rank " + std::to_string(rank.rank) + " " + what;
+    write_account(rank, what);
     const int others = running_count();
     message("rank " + std::to_string(rank.rank) + " (pid " + std::to_string(rank.pid) + ") " +
             what + (others > 0 ? "; stopping " + other_ranks(others) : ""));
     begin_stop(SIGTERM, &rank);
+  }
+
+  // Writes the launcher's account of the failure of `failed` beside the
+  // ranks' dumps (Note [Launcher's account]) when there are or will be
+  // dumps: the folder exists (the failed rank dumped), or a running rank
+  // has a flight recorder. A message, never an exception, when it cannot.
+  void write_account(const Rank& failed, const std::string& what) {
+    const std::string dir = dump_directory();
+    struct stat info {};
+    bool dumps = ::stat(dir.c_str(), &info) == 0;
+    for (const Rank& rank : ranks_) {
+      dumps = dumps || (rank.running && can_dump(rank.pid));
+    }
+    if (!dumps) {
+      return;
+    }
+    flight_recorder::LauncherAccount account;
+    account.job = flight_recorder::job_name();
+    account.world_size = options_.nnodes * options_.nproc_per_node;
+    account.attempt = restart_count_;
+    account.first_failed = failed.rank;
+    account.what = what;
+    for (const Rank& rank : ranks_) {
+      // A stopped rank (SIGSTOP) made the failed one time out waiting for it.
+      if (rank.running && is_stopped(rank.pid)) {
+        account.first_failed = rank.rank;
+        account.what = "was stopped (SIGSTOP or a debugger) when rank " + std::to_string(failed.rank) + " " + what;
+        break;
+      }
+    }
+    account.at_us = std::chrono::duration_cast<std::chrono::microseconds>(
+                        std::chrono::system_clock::now().time_since_epoch())
+                        .count();
+    std::string error;
+    if (!flight_recorder::write_launcher_account(dir, account, &error)) {
+      message("could not write its account of the failure for `ddprun --analyze`: " + error);
+    }
   }
 
   // Stops the running ranks and `failed` (whose children may outlive it):

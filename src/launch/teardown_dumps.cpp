@@ -82,6 +82,14 @@ bool ask_for_dump(pid_t pid) {
   return true;
 }
 
+bool is_stopped(pid_t pid) {
+  return stopped(pid);
+}
+
+bool can_dump(pid_t pid) {
+  return catches(pid, SIGUSR1);
+}
+
 std::string dump_directory() {
   return flight_recorder::dump_directory();
 }

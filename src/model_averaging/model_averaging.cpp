@@ -123,13 +123,10 @@ void HierarchicalModelAverager::average_parameters(const std::vector<at::Tensor>
   ++step_;
 }
 
-void PeriodicModelAverager::set_step(int64_t step) {
-  DDP_CHECK(step >= 0, "PeriodicModelAverager::set_step: the step must not be negative (got ", step, ")");
-  step_ = step;
-}
+ModelAverager::~ModelAverager() = default;
 
-void HierarchicalModelAverager::set_step(int64_t step) {
-  DDP_CHECK(step >= 0, "HierarchicalModelAverager::set_step: the step must not be negative (got ", step, ")");
+void ModelAverager::set_step(int64_t step) {
+  DDP_CHECK(step >= 0, "ModelAverager::set_step: the step must not be negative (got ", step, ")");
   step_ = step;
 }
 

@@ -2,6 +2,7 @@
 # PostLocalSGDOptimizer (an optimizer with a model averager).
 ddp_add_part(ddp_optim
   src/optim/partition.cpp
+  src/optim/zero_impl.cpp
   src/optim/zero_redundancy_optimizer.cpp
   src/optim/zero_overlap.cpp
   src/optim/post_local_sgd_optimizer.cpp)

@@ -27,30 +27,15 @@ std::unique_ptr<torch::optim::OptimizerOptions> defaults_of(const std::unique_pt
   return optimizer->defaults().clone();
 }
 
-// The calls PostLocalSGDOptimizer makes of a Periodic or Hierarchical averager.
-template <typename Averager, typename Calls>
-Calls calls_of(std::shared_ptr<Averager> averager) {
-  DDP_CHECK(averager != nullptr, "PostLocalSGDOptimizer: the averager is null");
-  return Calls{[averager](const std::vector<at::Tensor>& params) { averager->average_parameters(params); },
-               [averager] { return averager->step(); }, [averager](int64_t step) { averager->set_step(step); }};
-}
-
 } // namespace
 
-PostLocalSGDOptimizer::PostLocalSGDOptimizer(std::unique_ptr<torch::optim::Optimizer> optimizer, Averager averager)
+PostLocalSGDOptimizer::PostLocalSGDOptimizer(std::unique_ptr<torch::optim::Optimizer> optimizer,
+                                             std::shared_ptr<model_averaging::ModelAverager> averager)
     : Optimizer(groups_of(optimizer), defaults_of(optimizer)),
       optimizer_(std::move(optimizer)),
-      averager_(std::move(averager)) {}
-
-PostLocalSGDOptimizer::PostLocalSGDOptimizer(std::unique_ptr<torch::optim::Optimizer> optimizer,
-                                             std::shared_ptr<model_averaging::PeriodicModelAverager> averager)
-    : PostLocalSGDOptimizer(std::move(optimizer), calls_of<model_averaging::PeriodicModelAverager, Averager>(
-                                                      std::move(averager))) {}
-
-PostLocalSGDOptimizer::PostLocalSGDOptimizer(std::unique_ptr<torch::optim::Optimizer> optimizer,
-                                             std::shared_ptr<model_averaging::HierarchicalModelAverager> averager)
-    : PostLocalSGDOptimizer(std::move(optimizer), calls_of<model_averaging::HierarchicalModelAverager, Averager>(
-                                                      std::move(averager))) {}
+      averager_(std::move(averager)) {
+  DDP_CHECK(averager_ != nullptr, "PostLocalSGDOptimizer: the averager is null");
+}
 
 PostLocalSGDOptimizer::~PostLocalSGDOptimizer() = default;
 
@@ -69,13 +54,13 @@ torch::Tensor PostLocalSGDOptimizer::step(LossClosure closure) {
   for (const auto& group : param_groups_) {
     params.insert(params.end(), group.params().begin(), group.params().end());
   }
-  averager_.average(params);
+  averager_->average_parameters(params);
   return loss;
 }
 
 void PostLocalSGDOptimizer::save(torch::serialize::OutputArchive& archive) const {
   optimizer_->save(archive);
-  archive.write(kStepKey, c10::IValue(averager_.step()));
+  archive.write(kStepKey, c10::IValue(averager_->step()));
 }
 
 void PostLocalSGDOptimizer::load(torch::serialize::InputArchive& archive) {
@@ -90,17 +75,17 @@ void PostLocalSGDOptimizer::load(torch::serialize::InputArchive& archive) {
     param_groups_[g].set_options(inner[g].options().clone());
   }
   if (has_step) {
-    averager_.set_step(step.toInt());
+    averager_->set_step(step.toInt());
   } else {
     ddp::internal::log_warning(
         "PostLocalSGDOptimizer::load: the optimizer state holds no averager step (a plain optimizer saved it): "
         "the averager restarts at step 0");
-    averager_.set_step(0);
+    averager_->set_step(0);
   }
 }
 
 int64_t PostLocalSGDOptimizer::averager_step() const {
-  return averager_.step();
+  return averager_->step();
 }
 
 } // namespace ddp::optim

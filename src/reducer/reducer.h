@@ -14,7 +14,7 @@
 #include <vector>
 
 #include <ddp/comm/process_group.h>
-#include <ddp/nn/comm_hooks.h>
+#include <ddp/comm_hooks/comm_hooks.h>
 #include <ddp/nn/insight.h>
 
 #include "internal/torch_compat.h"

@@ -99,6 +99,20 @@ TEST(CompositeProcessGroup, NamesItsBackendsAsPyTorchDoes) {
   DDP_EXPECT_ERROR(group->backend_for(c10::DeviceType::CUDA), "has no backend for device type cuda");
 }
 
+// The capabilities that FSDP and the object collectives ask a group for,
+// instead of its backend's name: Gloo reduces shared buffers in shared
+// memory and needs no device buffers; a composite group, whose buffers are
+// not shared, states neither (so FSDP reduce-scatters over it).
+TEST(CompositeProcessGroup, StatesItsCapabilitiesAndGlooItsOwn) {
+  auto [group, fake] = make_pair_of_one();
+  const auto gloo = group->backend_for(c10::DeviceType::CPU);
+  EXPECT_TRUE(gloo->reduces_in_shared_memory());
+  EXPECT_FALSE(gloo->needs_device_buffers());
+  EXPECT_FALSE(group->reduces_in_shared_memory());
+  EXPECT_FALSE(group->needs_device_buffers());
+  EXPECT_FALSE(fake->reduces_in_shared_memory());
+}
+
 TEST(CompositeProcessGroup, RoutesEveryOperationByTheDeviceOfItsTensors) {
   auto [group, fake] = make_pair_of_one();
   group->allreduce(meta(3))->wait();

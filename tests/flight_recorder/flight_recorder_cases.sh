@@ -24,6 +24,17 @@
 #                 rank 0 dumps (asked by ddprun, or failing on the lost
 #                 peer), rank 1 has none; the verdict names rank 1 (no
 #                 dump) and rank 0 (in #5).
+#   first-kill-4  4 ranks in a loop of allreduces, rank 3 SIGKILLed: ddprun
+#                 records it as the first failure (launcher.json), and the
+#                 analyzer's "first failure" line names it;
+#   first-kill-8  the same with 8 ranks and rank 5;
+#   first-stop    4 ranks, rank 2 SIGSTOPped: the others time out (3 s);
+#                 ddprun sees a survivor exit, but names the stopped rank,
+#                 which then dumps too (continued by ddprun);
+#   first-dumped  4 ranks, rank 1 writes its dump and exits 3 on its own:
+#                 every rank has a dump, and rank 1 is still named first
+#                 (by ddprun, or by the ranks' errors when ddprun saw a
+#                 survivor end first);
 #   two-jobs      two teardown jobs at once, with no DDP_FLIGHT_RECORDER_DIR:
 #                 each writes to a folder of its own under
 #                 $TMPDIR/ddp_flight_recorder (ddprun names it), whose
@@ -174,6 +185,56 @@ analyze sigkill
 check sigkill test \( $rc = 137 -o $rc = 3 \) -a -s "$dir/fr/rank_0.json" -a ! -e "$dir/fr/rank_1.json"
 check sigkill-verdict verdict sigkill \
   '^group default \(gloo, 2 ranks\), allreduce #5: rank 1 left no dump \(killed, or its flight recorder off\); rank 0 (waits in it since [0-9]+\.[0-9] s|failed in it: .*)$'
+
+# launched_n <case> <nproc> <timeout>: `loop` on nproc ranks under ddprun,
+# in the background; waits until every rank loops; sets $pl and $dir.
+launched_n() {
+  dir=$work/$1
+  mkdir -p "$dir/fr"
+  DDP_FLIGHT_RECORDER_DIR=$dir/fr OMP_NUM_THREADS=1 "$ddprun" --nproc-per-node "$2" "$program" loop "$3" \
+    >"$dir/ddprun.log" 2>&1 &
+  pl=$!
+  local r
+  for ((r = 0; r < $2; ++r)); do
+    until_line "$dir/ddprun.log" "^\[rank $r\]: flight_recorder: rank $r looping"
+  done
+}
+loop_pid() { # <rank>
+  sed -nE "s/^\[rank $1\]: flight_recorder: rank $1 looping \(pid ([0-9]+)\)$/\1/p" "$dir/ddprun.log"
+}
+first() { # <case> <regex>: the analyzer's "first failure" line matches it
+  verdict "$1" "^  first failure: $2\$"
+}
+
+# first-kill-4, first-kill-8
+for n in 4 8; do
+  victim=$((n == 4 ? 3 : 5))
+  launched_n "first-kill-$n" $n 30
+  kill -KILL "$(loop_pid $victim)"
+  wait $pl
+  analyze "first-kill-$n"
+  check "first-kill-$n" first "first-kill-$n" "rank $victim \(ddprun saw it: it was killed by signal 9 \(SIGKILL\)\)"
+done
+
+# first-stop
+launched_n first-stop 4 3
+kill -STOP "$(loop_pid 2)"
+wait $pl
+analyze first-stop
+check first-stop first first-stop \
+  'rank 2 \(ddprun saw it: it was stopped \(SIGSTOP or a debugger\) when rank [013] exited with code 3\)'
+check first-stop-dumped test -s "$dir/fr/rank_2.json"
+
+# first-dumped
+DDP_TEST_GIVE_UP=1 launched_n first-dumped 4 30
+wait $pl
+analyze first-dumped
+# ddprun may see a survivor end before rank 1 (whose exit takes longer than
+# its connections' end): the ranks' errors then name rank 1.
+check first-dumped first first-dumped \
+  'rank 1 \((ddprun saw it: it exited with code 3|as the ranks. errors say; ddprun saw rank [023] end first: it exited with code 3)\)'
+check first-dumped-all test -s "$dir/fr/rank_0.json" -a -s "$dir/fr/rank_1.json" -a -s "$dir/fr/rank_2.json" \
+  -a -s "$dir/fr/rank_3.json"
 
 # two-jobs
 dir=$work/two-jobs

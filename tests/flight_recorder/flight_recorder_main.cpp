@@ -11,6 +11,10 @@
 //   size  rank 1 calls allreduce #5 with 8 floats, rank 0 with 4
 //   ok    every rank calls #5 alike, then writes its dump with
 //         ddp::dump_flight_recorder("done")
+//   loop  every rank prints "flight_recorder: rank R looping (pid P)" and
+//         runs allreduces of 64 Ki floats until one fails (the script kills
+//         or stops a rank); with DDP_TEST_GIVE_UP=R, rank R instead writes
+//         its dump and exits 3 after 20 of them
 // Each rank prints "flight_recorder: rank R completed" (exit 0) or
 // "flight_recorder: rank R caught: <first line>" (exit 3).
 
@@ -29,7 +33,7 @@
 int main(int argc, char** argv) {
   torch::set_num_threads(1);
   if (argc != 3) {
-    std::fprintf(stderr, "usage: flight_recorder_main skip|size|ok <timeout seconds>\n");
+    std::fprintf(stderr, "usage: flight_recorder_main skip|size|ok|loop <timeout seconds>\n");
     return 2;
   }
   const std::string mode = argv[1];
@@ -48,6 +52,19 @@ int main(int argc, char** argv) {
       std::fflush(stdout);
       for (;;) {
         std::this_thread::sleep_for(std::chrono::seconds(1));
+      }
+    }
+    if (mode == "loop") {
+      const char* give_up = std::getenv("DDP_TEST_GIVE_UP");
+      std::printf("flight_recorder: rank %d looping (pid %d)\n", rank, static_cast<int>(::getpid()));
+      std::fflush(stdout);
+      for (int i = 0; i < 1000000; ++i) {
+        if (give_up != nullptr && std::atoi(give_up) == rank && i == 20) {
+          ddp::dump_flight_recorder("giving up");
+          std::printf("flight_recorder: rank %d gives up\n", rank);
+          return 3;
+        }
+        group->allreduce(torch::ones({1 << 16}))->wait();
       }
     }
     const int64_t n = mode == "size" && rank == 1 ? 8 : 4;

@@ -420,7 +420,10 @@ TEST(NcclAvailability, IsAvailableAndVersion) {
   EXPECT_TRUE(ProcessGroupNCCL::is_available());
   const auto version = ProcessGroupNCCL::nccl_version();
   EXPECT_EQ(std::count(version.begin(), version.end(), '.'), 2) << version;
-  EXPECT_EQ(ddp_gpu_test::make_nccl_group_of_one()->backend_name(), "nccl");
+  const auto group = ddp_gpu_test::make_nccl_group_of_one();
+  EXPECT_EQ(group->backend_name(), "nccl");
+  EXPECT_TRUE(group->needs_device_buffers()); // the object collectives' bytes go to the GPU
+  EXPECT_FALSE(group->reduces_in_shared_memory());
 }
 
 } // namespace

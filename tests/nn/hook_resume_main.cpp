@@ -23,7 +23,7 @@
 #include <string>
 
 #include <ddp/ddp.h>
-#include <ddp/nn/post_local_sgd_hook.h>
+#include <ddp/comm_hooks/post_local_sgd_hook.h>
 
 #include "nn/closed_form.h"
 #include "nn/rank_checks.h"

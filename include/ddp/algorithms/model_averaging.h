@@ -23,18 +23,19 @@ namespace ddp::model_averaging {
 void average_parameters(const std::vector<at::Tensor>& params,
                         const std::shared_ptr<ProcessGroup>& group = nullptr);
 
-/// Averages every `period` calls after `warmup_steps` calls (the first
-/// averaging at call warmup_steps, then warmup_steps + period, ...); call
-/// `average_parameters` after each optimizer step. As PyTorch's, the
-/// averagers average only the parameters that have a gradient. PyTorch's
-/// `PeriodicModelAverager`: its checks (period >= 1, warmup_steps >= 0) and
-/// its warning for period 1.
-class PeriodicModelAverager {
+/// The averagers' base, PyTorch's `ModelAverager`: what PostLocalSGDOptimizer
+/// and a training loop call, whichever the averager. `step()` counts the
+/// calls of `average_parameters`.
+///
+/// Thread-safety: not thread-safe; use an averager from one thread (an
+/// averaging call is a collective, which every rank makes in the same order).
+class ModelAverager {
  public:
-  explicit PeriodicModelAverager(int64_t period, int64_t warmup_steps = 0,
-                                 std::shared_ptr<ProcessGroup> group = nullptr);
+  virtual ~ModelAverager();
 
-  void average_parameters(const std::vector<at::Tensor>& params);
+  /// Averages `params` (a collective) when this call's number says so, and
+  /// counts the call.
+  virtual void average_parameters(const std::vector<at::Tensor>& params) = 0;
 
   /// Calls so far.
   int64_t step() const {
@@ -45,11 +46,29 @@ class PeriodicModelAverager {
   /// Throws `c10::Error` when negative.
   void set_step(int64_t step);
 
+ protected:
+  ModelAverager() = default;
+
+  int64_t step_ = 0;
+};
+
+/// Averages every `period` calls after `warmup_steps` calls (the first
+/// averaging at call warmup_steps, then warmup_steps + period, ...); call
+/// `average_parameters` after each optimizer step. As PyTorch's, the
+/// averagers average only the parameters that have a gradient. PyTorch's
+/// `PeriodicModelAverager`: its checks (period >= 1, warmup_steps >= 0) and
+/// its warning for period 1.
+class PeriodicModelAverager : public ModelAverager {
+ public:
+  explicit PeriodicModelAverager(int64_t period, int64_t warmup_steps = 0,
+                                 std::shared_ptr<ProcessGroup> group = nullptr);
+
+  void average_parameters(const std::vector<at::Tensor>& params) override;
+
  private:
   int64_t period_;
   int64_t warmup_steps_;
   std::shared_ptr<ProcessGroup> group_;
-  int64_t step_ = 0;
 };
 
 /// Averages within groups of increasing size at increasing periods,
@@ -63,25 +82,17 @@ class PeriodicModelAverager {
 /// last size the group's, warmup_steps >= 0; a warning when the largest
 /// period is 1. Making it is a collective of the default group (the
 /// subgroups).
-class HierarchicalModelAverager {
+class HierarchicalModelAverager : public ModelAverager {
  public:
   explicit HierarchicalModelAverager(std::vector<std::pair<int64_t, int>> period_group_sizes,
                                      int64_t warmup_steps = 0,
                                      std::shared_ptr<ProcessGroup> group = nullptr);
 
-  void average_parameters(const std::vector<at::Tensor>& params);
-
-  /// Calls so far.
-  int64_t step() const {
-    return step_;
-  }
-  /// As PeriodicModelAverager::set_step.
-  void set_step(int64_t step);
+  void average_parameters(const std::vector<at::Tensor>& params) override;
 
  private:
   std::vector<std::pair<int64_t, std::shared_ptr<ProcessGroup>>> levels_; // period, this rank's group
   int64_t warmup_steps_;
-  int64_t step_ = 0;
 };
 
 } // namespace ddp::model_averaging

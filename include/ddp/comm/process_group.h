@@ -213,6 +213,23 @@ class ProcessGroup {
     return false;
   }
 
+  /// Whether an allreduce of a buffer that `is_shared_buffer` runs in that
+  /// shared memory, reading each byte once and writing it once per rank
+  /// (the Gloo and MPI backends), so that it costs less than a
+  /// reduce-scatter through the transport: FullyShardedDataParallel then
+  /// reduces its CPU gradients with an allreduce of shared buffers. False
+  /// by default.
+  virtual bool reduces_in_shared_memory() const {
+    return false;
+  }
+
+  /// Whether the collectives move device memory only (NCCL), so that a
+  /// helper that makes its own buffers for them (the object collectives)
+  /// puts them on the current GPU rather than the CPU. False by default.
+  virtual bool needs_device_buffers() const {
+    return false;
+  }
+
   /// Blocks until every operation issued on this group so far has completed
   /// or failed (each is bounded by its own deadline); their errors stay with
   /// their Works. `destroy_process_group()` calls it before it lets the group

@@ -121,6 +121,10 @@ class ProcessGroupGloo : public ProcessGroup {
   /// Whether `tensor` lies in a buffer of this group that the ranks of this
   /// host map (see `allocate_collective_buffer`).
   bool is_shared_buffer(const at::Tensor& tensor) const override;
+  /// True: an allreduce of shared buffers runs in shared memory.
+  bool reduces_in_shared_memory() const override {
+    return true;
+  }
   /// This rank's counts so far.
   GlooSharedMemoryStats shared_memory_stats() const;
   std::shared_ptr<Work> send(

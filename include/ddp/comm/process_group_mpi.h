@@ -152,6 +152,10 @@ class ProcessGroupMPI : public ProcessGroup {
   /// Whether `tensor` lies in a buffer of this group that every rank maps
   /// (see `allocate_collective_buffer`).
   bool is_shared_buffer(const at::Tensor& tensor) const override;
+  /// True: an allreduce of shared buffers runs in shared memory.
+  bool reduces_in_shared_memory() const override {
+    return true;
+  }
   /// Returns once every collective issued so far has completed or failed,
   /// or once one has timed out (it stays blocked inside MPI; see the class
   /// comment). Not send/recv: they complete in their own `wait`.

@@ -104,6 +104,10 @@ class ProcessGroupNCCL : public ProcessGroup {
   std::string backend_name() const override {
     return "nccl";
   }
+  /// True: NCCL moves device memory only.
+  bool needs_device_buffers() const override {
+    return true;
+  }
   void wait_for_pending_work() override;
 
   /// The CUDA device the group drives, or -1 until its first operation

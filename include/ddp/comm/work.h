@@ -57,7 +57,9 @@ class Work : public std::enable_shared_from_this<Work> {
   /// Blocks until the operation completes; rethrows its error if it failed.
   /// Throws `TimeoutError` naming the operation once `timeout` has passed
   /// (the operation itself is not cancelled by that: its own deadline
-  /// applies). For a CUDA backend, a call with the default `kUseGroupTimeout`
+  /// applies). With the group's timeout (the default), the operation's own
+  /// deadline gets up to 2 s more to fail it first, since its error names
+  /// the ranks that had not reached it. For a CUDA backend, a call with the default `kUseGroupTimeout`
   /// may instead order the current stream after the operation.
   virtual void wait(std::chrono::milliseconds timeout = kUseGroupTimeout);
 

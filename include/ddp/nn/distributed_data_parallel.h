@@ -20,7 +20,7 @@
 
 #include <ddp/comm/process_group.h>
 #include <ddp/nn/plain_module.h>
-#include <ddp/nn/comm_hooks.h>
+#include <ddp/comm_hooks/comm_hooks.h>
 #include <ddp/nn/insight.h>
 
 namespace ddp {

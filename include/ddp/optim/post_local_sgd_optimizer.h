@@ -2,7 +2,7 @@
 
 /// PyTorch's `PostLocalSGDOptimizer` (torch.distributed.optim): an
 /// optimizer that steps the one it wraps, then lets a model averager average
-/// the parameters, so that post-local SGD (<ddp/nn/post_local_sgd_hook.h>)
+/// the parameters, so that post-local SGD (<ddp/comm_hooks/post_local_sgd_hook.h>)
 /// needs no call of its own in the training loop, and a checkpoint carries
 /// the averager's step count. See docs/collectives.md, "Local SGD".
 ///
@@ -21,7 +21,6 @@
 #include <torch/serialize/archive.h>
 
 #include <cstdint>
-#include <functional>
 #include <memory>
 
 #include <ddp/algorithms/model_averaging.h>
@@ -34,11 +33,10 @@ namespace ddp::optim {
 class PostLocalSGDOptimizer : public torch::optim::Optimizer {
  public:
   /// Wraps `optimizer` (its parameter groups become this optimizer's) and
-  /// `averager`. Throws `c10::Error` for a null argument.
+  /// `averager` (a PeriodicModelAverager, a HierarchicalModelAverager, or
+  /// any other ModelAverager). Throws `c10::Error` for a null argument.
   PostLocalSGDOptimizer(std::unique_ptr<torch::optim::Optimizer> optimizer,
-                        std::shared_ptr<model_averaging::PeriodicModelAverager> averager);
-  PostLocalSGDOptimizer(std::unique_ptr<torch::optim::Optimizer> optimizer,
-                        std::shared_ptr<model_averaging::HierarchicalModelAverager> averager);
+                        std::shared_ptr<model_averaging::ModelAverager> averager);
   ~PostLocalSGDOptimizer() override;
 
   /// The wrapped optimizer's step (with this optimizer's group options,
@@ -63,16 +61,8 @@ class PostLocalSGDOptimizer : public torch::optim::Optimizer {
   int64_t averager_step() const;
 
  private:
-  // Either averager, through the three calls this optimizer makes of it.
-  struct Averager {
-    std::function<void(const std::vector<at::Tensor>&)> average;
-    std::function<int64_t()> step;
-    std::function<void(int64_t)> set_step;
-  };
-  PostLocalSGDOptimizer(std::unique_ptr<torch::optim::Optimizer> optimizer, Averager averager);
-
   std::unique_ptr<torch::optim::Optimizer> optimizer_;
-  Averager averager_;
+  std::shared_ptr<model_averaging::ModelAverager> averager_;
 };
 
 } // namespace ddp::optim

@@ -25,6 +25,7 @@
 
 #include <ddp/comm/error.h>
 
+#include "comm/failure_ledger.h"
 #include "comm/fingerprint.h"
 #include "comm/contiguous_arguments.h"
 #include "comm/gloo/gloo_api.h"
@@ -263,8 +264,9 @@ class DDP_GLOO_HIDDEN ProcessGroupGloo::Impl {
                                                           group_.size(), timeout);
     });
     internal::init_exit_point("addresses", group_.rank());
-    fingerprints_ = std::make_unique<internal::FingerprintExchange>(store_, prefix + "fp/", group_.rank(),
+    fingerprints_ = std::make_shared<internal::FingerprintExchange>(store_, prefix + "fp/", group_.rank(),
                                                                    group_.size());
+    failures_ = std::make_shared<internal::FailureLedger>(store_, prefix + "first_failure");
   }
 
   // Runs `step` of the rendezvous, named `name`; the store's errors in it
@@ -421,66 +423,101 @@ class DDP_GLOO_HIDDEN ProcessGroupGloo::Impl {
     task.work->set_error(std::move(error));
   }
 
-  // The mismatch that the monitor found for `fingerprint`'s collective, or
-  // else the one that comparing it with the store now shows (a peer that
-  // found it first has shut the connections down, which is how this task
-  // failed). Never throws.
-  std::optional<std::string> find_mismatch(const internal::Fingerprint& fingerprint) {
+  // What the store tells of a failed task (Note [Collective fingerprints],
+  // Note [First failure]): the mismatch, when its ranks called different
+  // collectives; for a timeout, the ranks that had not reached it; the
+  // group's first failure, which this one becomes unless one is recorded.
+  struct Diagnosis {
+    std::optional<std::string> mismatch;
+    std::vector<int> missing;
+    std::optional<internal::FailureReport> first;
+  };
+
+  // Reads the store for `task`'s failure (a timeout, or a connection lost to
+  // `peer`, -1 when unknown) within kDiagnosisBudget: a store whose server
+  // cannot be reached (a link down) must not hold the error back past the
+  // caller's deadline. nullopt when it did not answer in time; its calls
+  // then finish on their own thread. The mismatch that the monitor found
+  // for the task's collective comes first: a peer that found it first has
+  // shut the connections down, which is how this task failed.
+  std::optional<Diagnosis> diagnose(const Task& task, bool timed_out, int peer) {
     {
       std::lock_guard<std::mutex> lock(mutex_);
-      const auto found = mismatches_.find(fingerprint.seq);
+      const auto found = mismatches_.find(task.fingerprint.seq);
       if (found != mismatches_.end()) {
-        return found->second;
+        return Diagnosis{found->second, {}, std::nullopt};
       }
     }
     if (group_.size() < 2) {
-      return std::nullopt;
+      return Diagnosis{};
     }
-    try {
-      return fingerprints_->publish_and_compare(fingerprint);
-    } catch (const std::exception&) {
-      return std::nullopt; // the store is gone too: report the Gloo error alone
-    }
-  }
-
-  // ", ranks [2] had not reached allreduce #4" for a timeout, or "" when
-  // every rank had (as far as the store knows; see FingerprintExchange).
-  std::string missing_ranks_clause(const internal::Fingerprint& fingerprint) {
-    try {
-      const auto missing = fingerprints_->ranks_missing(fingerprint.seq);
-      if (missing.empty()) {
-        return "";
-      }
-      return c10::str("; rank(s) ", c10::ArrayRef<int>(missing), " had not reached ", fingerprint.op, " #",
-                      fingerprint.seq);
-    } catch (const std::exception&) {
-      return "";
-    }
+    return internal::run_within<Diagnosis>(
+        kDiagnosisBudget,
+        [fingerprints = fingerprints_, failures = failures_, fingerprint = task.fingerprint, rank = group_.rank(),
+         timed_out, peer] {
+          Diagnosis found;
+          try {
+            found.mismatch = fingerprints->publish_and_compare(fingerprint);
+            if (found.mismatch) {
+              return found;
+            }
+            const std::string op = c10::str(fingerprint.op, " #", fingerprint.seq);
+            if (timed_out) {
+              found.missing = fingerprints->ranks_missing(fingerprint.seq);
+              found.first = found.missing.empty()
+                                ? failures->first()
+                                : failures->record({found.missing.front(),
+                                                    c10::str("rank ", rank, " timed out in ", op, " waiting for it")});
+            } else {
+              found.first = peer < 0 ? failures->first()
+                                     : failures->record({peer, c10::str("rank ", rank, " lost its connection to it in ",
+                                                                        op)});
+            }
+          } catch (const std::exception&) {
+            // The store is gone: the error says what this rank saw alone.
+          }
+          return found;
+        });
   }
 
   std::exception_ptr convert_io_error(const Task& task, const std::string& what) {
+    internal::note_failure_in_process();
+    const bool timed_out = internal::classify_gloo_error(what) == internal::GlooFailure::kTimeout;
+    // Gloo names a lost peer by its socket address.
+    const int peer = timed_out ? -1 : peer_of(what);
+    const auto diagnosis = diagnose(task, timed_out, peer);
+    const std::string unanswered =
+        diagnosis ? std::string()
+                  : c10::str("; the group's store did not answer within ", kDiagnosisBudget.count(),
+                             " ms either (its server, on rank 0's host under ddprun and torchrun, may be unreachable)");
     std::exception_ptr error;
-    if (const auto mismatch = find_mismatch(task.fingerprint)) {
-      error = std::make_exception_ptr(CollectiveMismatchError(c10::str(task.work->name(), ": ", *mismatch)));
+    if (diagnosis && diagnosis->mismatch) {
+      error = std::make_exception_ptr(CollectiveMismatchError(c10::str(task.work->name(), ": ", *diagnosis->mismatch)));
       try {
         fingerprints_->acknowledge_mismatch(task.fingerprint.seq,
                                             std::min<std::chrono::milliseconds>(kMismatchPatience, task.timeout));
       } catch (const std::exception&) {
         // The store is gone: the other ranks report what they can.
       }
-    } else if (internal::classify_gloo_error(what) == internal::GlooFailure::kTimeout) {
+    } else if (timed_out) {
+      const std::vector<int> missing = diagnosis ? diagnosis->missing : std::vector<int>{};
+      const std::string missing_clause =
+          missing.empty() ? "" : c10::str("; rank(s) ", c10::ArrayRef<int>(missing), " had not reached ",
+                                          task.fingerprint.op, " #", task.fingerprint.seq);
       error = std::make_exception_ptr(TimeoutError(c10::str(
           task.work->name(), ": timed out after ", task.timeout.count(),
           " ms waiting for a peer (a rank may be stuck, dead, or issuing collectives in a "
-          "different order)", missing_ranks_clause(task.fingerprint), ". Gloo said: ", what)));
+          "different order)", missing_clause,
+          internal::first_failure_clause(diagnosis ? diagnosis->first : std::nullopt, missing), unanswered,
+          ". Gloo said: ", what)));
     } else {
-      // Gloo names the peer by its socket address.
-      const int peer = peer_of(what);
+      const std::vector<int> named = peer >= 0 ? std::vector<int>{peer} : std::vector<int>{};
       error = std::make_exception_ptr(RemoteError(
           c10::str(task.work->name(), ": lost connection to ",
                    peer >= 0 ? c10::str("rank ", peer) : std::string("a peer"),
-                   " (this is rank ", group_.rank(), "); the peer probably exited or crashed. Gloo said: ",
-                   what),
+                   " (this is rank ", group_.rank(), "); the peer probably exited or crashed",
+                   internal::first_failure_clause(diagnosis ? diagnosis->first : std::nullopt, named), unanswered,
+                   ". Gloo said: ", what),
           peer));
     }
     try {
@@ -578,10 +615,15 @@ class DDP_GLOO_HIDDEN ProcessGroupGloo::Impl {
   // How long a rank that found a mismatch waits for the other ranks in that
   // collective to find it too (FingerprintExchange::acknowledge_mismatch).
   static constexpr std::chrono::milliseconds kMismatchPatience{5000};
+  // How long a failed task's error waits for the store to explain it
+  // (diagnose); well within the grace Work::wait gives the task's own error.
+  static constexpr std::chrono::milliseconds kDiagnosisBudget{1000};
   std::vector<RunningTask> running_tasks_; // guarded by mutex_
   // The mismatch found for each running task's sequence number.
   std::map<uint64_t, std::string> mismatches_; // guarded by mutex_
-  std::unique_ptr<internal::FingerprintExchange> fingerprints_; // set by connect
+  // Set by connect; shared with diagnose's calls, which may outlive the group.
+  std::shared_ptr<internal::FingerprintExchange> fingerprints_;
+  std::shared_ptr<internal::FailureLedger> failures_;
   std::shared_ptr<internal::FlightRecorder> recorder_;          // null when off
   std::condition_variable monitor_cv_; // wakes the monitor when the group stops
   std::thread monitor_;

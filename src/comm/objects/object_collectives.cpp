@@ -34,7 +34,7 @@ Place place_for(const std::shared_ptr<ProcessGroup>& given, const char* op) {
   place.who = c10::str("[rank ", place.group->rank(), "/", place.group->size(), "] ", op);
   DDP_CHECK(is_member(place.group), place.who, ": this process is not a member of the group");
   // NCCL moves device memory only: the buffers go through the current GPU.
-  const at::Device device = place.group->backend_name() == "nccl" ? at::Device(at::kCUDA) : at::Device(at::kCPU);
+  const at::Device device = place.group->needs_device_buffers() ? at::Device(at::kCUDA) : at::Device(at::kCPU);
   place.bytes = at::TensorOptions().dtype(at::kByte).device(device);
   place.longs = at::TensorOptions().dtype(at::kLong).device(device);
   return place;

@@ -86,6 +86,82 @@ TEST(GlooReliability, LostConnectionAmongFourRanksNamesTheRankThatDied) {
   EXPECT_GE(named_victim, 1) << "no survivor named rank 2";
 }
 
+// Survivors that leave as soon as their collective fails, as a training
+// program does: a rank that is not the victim's neighbour then loses its
+// connection to a survivor that left, and must still name the victim, read
+// from the group's record of its first failure (Note [First failure]).
+// `stop`: the victim stops (SIGSTOP) instead of dying, and the others time
+// out waiting for it. Returns, per survivor, its error message.
+std::vector<std::string> survivors_errors(int world, int victim, bool stop) {
+  const auto results = run_processes(
+      world,
+      [world, victim, stop](int rank, std::shared_ptr<Store> store) -> int {
+        auto pg = make_gloo_group(store, rank, world, stop ? 3s : 20s);
+        auto warmup = torch::ones({16});
+        pg->allreduce(warmup)->wait();
+        if (rank == victim) {
+          store->set("victim_pid", std::to_string(::getpid()));
+          ::kill(::getpid(), stop ? SIGSTOP : SIGKILL);
+          return kNoError; // never: a survivor kills a stopped victim
+        }
+        auto big = torch::ones({1 << 18});
+        try {
+          for (int i = 0; i < 200; ++i) {
+            pg->allreduce(big)->wait();
+          }
+        } catch (const std::exception& e) {
+          std::fprintf(stderr, "ERROR: %s\n", e.what());
+          if (stop) {
+            ::kill(std::stoi(store->get_string("victim_pid")), SIGKILL);
+          }
+          return kAsExpected; // and leaves at once
+        }
+        return kNoError;
+      },
+      40s);
+  std::vector<std::string> errors;
+  for (int r = 0; r < world; ++r) {
+    if (r == victim) {
+      continue;
+    }
+    EXPECT_EQ(results[r].exit_code, kAsExpected) << "rank " << r << ": " << results[r].output;
+    const auto at = results[r].output.find("ERROR: ");
+    errors.push_back(at == std::string::npos ? results[r].output : results[r].output.substr(at));
+  }
+  return errors;
+}
+
+// Whether `error` blames `victim`: its lost connection, its absence, or the
+// group's record of the first failure.
+bool blames(const std::string& error, int victim) {
+  const std::string v = std::to_string(victim);
+  const bool direct = error.find("lost connection to rank " + v + " (") != std::string::npos ||
+                      error.find("rank(s) [" + v + "] had not reached") != std::string::npos;
+  const bool recorded = error.find("rank " + v + " failed first (") != std::string::npos;
+  // Blaming another rank is allowed only beside the record naming the victim.
+  const bool other = error.find("lost connection to rank ") != std::string::npos &&
+                     error.find("lost connection to rank " + v + " (") == std::string::npos;
+  return recorded || (direct && !other);
+}
+
+TEST(GlooReliability, EverySurvivorOfFourNamesTheRankThatDiedFirst) {
+  for (const std::string& error : survivors_errors(4, 3, false)) {
+    EXPECT_TRUE(blames(error, 3)) << "does not name rank 3: " << error;
+  }
+}
+
+TEST(GlooReliability, EverySurvivorOfEightNamesTheRankThatDiedFirst) {
+  for (const std::string& error : survivors_errors(8, 5, false)) {
+    EXPECT_TRUE(blames(error, 5)) << "does not name rank 5: " << error;
+  }
+}
+
+TEST(GlooReliability, EverySurvivorOfFourNamesTheRankThatStopped) {
+  for (const std::string& error : survivors_errors(4, 1, true)) {
+    EXPECT_TRUE(blames(error, 1)) << "does not name rank 1: " << error;
+  }
+}
+
 TEST(GlooReliability, RanksOtherThanZeroNameTheRankThatNeverArrivedAtRendezvous) {
   const int port = ddp::testing::free_port();
   ASSERT_GT(port, 0);
