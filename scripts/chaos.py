@@ -210,31 +210,59 @@ def wait_for_attempt(job, old_pids, nproc, timeout):
                f"(a rank hung, or the launcher did not restart); output: {job.log_path}")
 
 
-def inject(job, rng, checkpoint_dir, nproc, number, max_delay):
-    """One fault. Returns (description, the pids it ended), or None when the
-    job ended before it could be injected."""
+def saved_since(directory, since):
+    """Whether a checkpoint file was written in `directory` after `since`
+    (time.time()): the attempt has trained and saved."""
+    try:
+        names = os.listdir(directory)
+    except OSError:
+        return False
+    for name in names:
+        try:
+            if name.startswith("epoch-") and os.stat(os.path.join(directory, name)).st_mtime >= since:
+                return True
+        except OSError:
+            continue
+    return False
+
+
+def inject(job, rng, checkpoint_dir, nproc, number, startup, span):
+    """One fault. Returns the pids of the attempt it ended, or None when the
+    job ended before it could be injected.
+
+    A quarter of the faults fall in start-up (up to `startup` seconds after
+    the attempt's ranks started: loading, rendezvous, resuming); the others
+    up to `span` seconds after the attempt's first save (the training
+    resumed), so that an attempt trains at most `span` seconds and a few
+    steps before its fault, however fast it started."""
     ranks = wait_for_attempt(job, job.ended, nproc, job.args.recovery)
     if ranks is None:
         return None
     attempt_start = time.time()
     kind = rng.choice(["SIGKILL", "SIGTERM", "SIGSTOP, then SIGKILL", "SIGKILL in a save"])
     victim = rng.randrange(nproc)
-    delay = rng.uniform(0.0, max_delay)
+    in_startup = rng.random() < 0.25
+    delay = rng.uniform(0.0, startup if in_startup else span)
     stopped_for = rng.uniform(0.2, 1.5)
-    when = f"{delay:.2f} s after the attempt's ranks started"
+    if in_startup:
+        when = f"{delay:.2f} s after the attempt's ranks started"
+    else:
+        while not saved_since(checkpoint_dir, attempt_start):
+            if not job.running():
+                return None
+            time.sleep(0.005)
+        when = f"{delay:.2f} s after the attempt's first save"
+    time.sleep(delay)
     if kind == "SIGKILL in a save":
-        # The earliest save at least `delay` into the attempt; a kill at the
-        # delay itself when none is seen within max_delay after it.
-        time.sleep(delay)
-        end = time.monotonic() + max_delay
+        # The first save after the delay; a kill there and then when none
+        # is seen within a second.
+        end = time.monotonic() + 1.0
         seen = None
         while seen is None and time.monotonic() < end and job.running():
             seen = save_in_progress(checkpoint_dir, attempt_start)
             if seen is None:
                 time.sleep(0.0005)
-        when = f"while {seen} was being written" if seen else f"{delay + max_delay:.2f} s in (no save seen)"
-    else:
-        time.sleep(delay)
+        when = f"while {seen} was being written" if seen else when + " (no save seen within 1 s after)"
     pid = ranks[victim]
     try:
         if kind == "SIGTERM":
@@ -266,9 +294,13 @@ def main():
     parser.add_argument("--faults", type=int, default=30)
     parser.add_argument("--nproc", type=int, default=2)
     parser.add_argument("--checkpoint-every", type=int, default=3)
-    parser.add_argument("--max-delay", type=float, default=None,
-                        help="the longest wait, in seconds, between an attempt's start and its fault "
-                             "(default: from the uninterrupted run, see below)")
+    parser.add_argument("--startup", type=float, default=None,
+                        help="start-up faults fall up to this many seconds after an attempt's ranks "
+                             "start (default: the uninterrupted run's time to its first save)")
+    parser.add_argument("--span", type=float, default=None,
+                        help="the other faults fall up to this many seconds after an attempt's first "
+                             "save (default: the uninterrupted run's training time after its first "
+                             "save, divided by twice the number of faults)")
     parser.add_argument("--deadline", type=float, default=1800, help="seconds for each whole run")
     parser.add_argument("--recovery", type=float, default=60,
                         help="seconds from a fault to the next attempt's ranks")
@@ -294,14 +326,17 @@ def main():
             seconds = time.monotonic() - job.started
             log(f"uninterrupted run: checksum {reference} in {seconds:.1f} s, the first checkpoint after "
                 f"{startup:.1f} s")
-            if args.max_delay is None:
-                # Faults spread over the run: an attempt gets, on average,
-                # half of an equal share of the training after start-up, so
-                # that the job is still running at the last fault.
-                args.max_delay = startup + (seconds - startup) / args.faults
-        elif args.max_delay is None:
-            raise Fail("--reference needs --max-delay too")
-        log(f"faults up to {args.max_delay:.2f} s after each attempt's ranks start (--max-delay)")
+            # An attempt trains at most `span` before its fault: the faults
+            # together take at most half of the training, so the job is
+            # still running at the last one.
+            if args.startup is None:
+                args.startup = startup
+            if args.span is None:
+                args.span = (seconds - startup) / (2 * args.faults)
+        elif args.startup is None or args.span is None:
+            raise Fail("--reference needs --startup and --span too")
+        log(f"start-up faults up to {args.startup:.2f} s after an attempt's ranks start (--startup), the "
+            f"others up to {args.span:.2f} s after its first save (--span)")
         checkpoint_dir = os.path.join(args.work, f"seed-{args.seed}")
         subprocess.run(["rm", "-rf", checkpoint_dir], check=True)
         job = Job(args, f"seed-{args.seed}", checkpoint_dir, args.faults + 2)
@@ -309,7 +344,7 @@ def main():
         injected = 0
         try:
             while injected < args.faults:
-                ended = inject(job, rng, checkpoint_dir, args.nproc, injected + 1, args.max_delay)
+                ended = inject(job, rng, checkpoint_dir, args.nproc, injected + 1, args.startup, args.span)
                 if ended is None:
                     break
                 job.ended |= ended
@@ -323,7 +358,7 @@ def main():
             raise Fail(f"the job exited with status {status} after {injected} faults; output: {job.log_path}")
         if injected < args.faults:
             raise Fail(f"the job finished after only {injected} of {args.faults} faults: give it more to "
-                       f"train (more epochs or a larger --train-size)")
+                       f"train (more epochs or a larger --train-size), or a smaller --span")
         checksum = job.checksum()
         if checksum != reference:
             raise Fail(f"seed {args.seed}: final parameters differ from the uninterrupted run's: checksum "

@@ -20,11 +20,13 @@
 // not answer, instead of after the store's own deadline.
 //
 // The store usually lives in rank 0's process, which may end at once after
-// its own error, taking the store with it before the others have read it.
-// So a process in which a collective failed (note_failure_in_process) keeps
-// serving its store for kFailureLinger (2 s, init.cpp) when it ends;
-// ddprun's SIGTERM, half a second after the first rank's end, may cut that
-// short, by which time the others have read it.
+// its own error, taking the store with it before the others have read it:
+// their errors then name the peer they lost alone, and the analyzer follows
+// those (Note [Launcher's account]). Keeping rank 0's store up a moment
+// after a failure was tried and dropped: a process that lingers at exit
+// is stopped by its launcher instead of ending on its own, which torchrun
+// counts differently (a membership change, not a failure, so its restart
+// count stays 0).
 //
 // What it cannot know: a rank that a launcher or the user stopped before it
 // failed on its own is blamed by whoever lost it first, and a store that
@@ -38,7 +40,6 @@
 #include "comm/failure_ledger.h"
 
 #include <algorithm>
-#include <atomic>
 #include <cerrno>
 #include <cstdlib>
 
@@ -47,8 +48,6 @@
 namespace ddp::internal {
 
 namespace {
-
-std::atomic<bool> failure_noted{false};
 
 // "<rank>\n<seen>".
 std::vector<uint8_t> encode(const FailureReport& report) {
@@ -70,14 +69,6 @@ std::optional<FailureReport> decode(const std::vector<uint8_t>& bytes) {
 }
 
 } // namespace
-
-void note_failure_in_process() {
-  failure_noted.store(true);
-}
-
-bool failure_noted_in_process() {
-  return failure_noted.load();
-}
 
 FailureLedger::FailureLedger(std::shared_ptr<Store> store, std::string key)
     : store_(std::move(store)), key_(std::move(key)) {}

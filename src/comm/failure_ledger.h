@@ -49,13 +49,6 @@ class FailureLedger {
 // message already blames), else "".
 std::string first_failure_clause(const std::optional<FailureReport>& first, const std::vector<int>& named);
 
-// Marks this process as one where a collective failed (any group): rank 0
-// then keeps serving the store a moment longer when it ends, so that the
-// other ranks can still read the group's record of the failure (Note [First
-// failure]). Never throws.
-void note_failure_in_process();
-bool failure_noted_in_process();
-
 // Runs `fn` on a thread of its own and waits at most `budget` for it:
 // its result, or nullopt when it has not finished by then (it then finishes
 // on its own, so `fn` must own, or share, everything it uses). For store

@@ -30,7 +30,6 @@
 #include <ddp/comm/error.h>
 
 #include "comm/default_group.h"
-#include "comm/failure_ledger.h"
 #include "comm/slurm_env.h"
 #include "internal/check.h"
 #include "internal/env.h"
@@ -280,15 +279,6 @@ struct EnvStore {
   int world_size = 1;
   int round = 0;
   std::chrono::milliseconds timeout{0};
-
-  // After a failed collective, the other ranks may still be reading the
-  // group's record of it (Note [First failure] in comm/failure_ledger.cpp).
-  ~EnvStore() {
-    if (server != nullptr && world_size > 1 && internal::failure_noted_in_process()) {
-      std::this_thread::sleep_for(kFailureLinger);
-    }
-  }
-  static constexpr std::chrono::milliseconds kFailureLinger{2000};
 };
 
 // The EnvStore of the default group, when init_process_group() made one.

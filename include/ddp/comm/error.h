@@ -5,6 +5,9 @@
 /// `CommError` family below. After a CommError the process group that raised
 /// it is unusable and must be destroyed (the contract of Gloo's
 /// `docs/errors.md`): other ranks may be mid-collective with no way to resume.
+///
+/// Thread-safety: the error classes are immutable once thrown (as
+/// std::runtime_error), and may be read from any thread.
 
 #include <exception>
 #include <stdexcept>

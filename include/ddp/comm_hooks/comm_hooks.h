@@ -27,6 +27,9 @@ namespace ddp {
 /// which `ProcessGroup::allreduce` reduces where the group supports it. A
 /// hook must not keep the GradBucket past its call; it may keep `buffer()`
 /// (a tensor handle).
+///
+/// Thread-safety: immutable once made; the hook reads it on the thread
+/// that calls it.
 class GradBucket {
  public:
   /// `parameter_names` is shared with DistributedDataParallel's bucket, so
@@ -86,6 +89,9 @@ using CommHook = std::function<std::shared_ptr<Work>(ProcessGroup& group, GradBu
 /// Attach it to the hook with `comm_hooks::with_state` (the hooks of
 /// `<ddp/comm_hooks/powersgd_hook.h>` and `<ddp/comm_hooks/post_local_sgd_hook.h>` come
 /// with theirs). Called between iterations only.
+///
+/// Thread-safety: not thread-safe; a derived state is used by its hook
+/// during backward and by the checkpoint functions between iterations.
 class CommHookState {
  public:
   virtual ~CommHookState() = default;

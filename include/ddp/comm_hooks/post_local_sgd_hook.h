@@ -33,6 +33,9 @@ namespace ddp::comm_hooks {
 
 /// The state of a `post_localSGD` hook: the iteration count (kept by
 /// checkpoints) and the groups.
+///
+/// Thread-safety: not thread-safe; the hook uses it during backward, the
+/// checkpoint functions between iterations, never at once.
 class PostLocalSGDState : public CommHookState {
  public:
   /// `process_group`: the group of the global averaging (nullptr: the

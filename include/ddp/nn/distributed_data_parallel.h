@@ -102,6 +102,8 @@ struct DistributedDataParallelOptions {
 
 /// RAII guard of `no_sync()`: while it lives, backward accumulates gradients
 /// locally; the first synchronised backward after it reduces the sum.
+///
+/// Thread-safety: use it on the thread that trains the model.
 class NoSyncGuard {
  public:
   NoSyncGuard(NoSyncGuard&& other) noexcept;

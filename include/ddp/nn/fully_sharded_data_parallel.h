@@ -221,6 +221,8 @@ struct FsdpAccess;
 /// FullyShardedDataParallel, it gathers the submodule's parameters around
 /// its forward, and throws c10::Error when called outside the wrapping
 /// model's forward. Units must not nest.
+///
+/// Thread-safety: as FullyShardedDataParallelImpl, whose forward calls it.
 class FsdpUnitImpl : public torch::nn::Module {
  public:
   template <typename ModuleType>
@@ -306,6 +308,8 @@ class FsdpUnit : public torch::nn::ModuleHolder<FsdpUnitImpl> {
 /// RAII guard of `no_sync()`: while it lives, backward accumulates full
 /// (unsharded) gradients on every rank without communicating; the first
 /// backward after it reduce-scatters the sum. Move-only.
+///
+/// Thread-safety: use it on the thread that trains the model.
 class FsdpNoSyncGuard {
  public:
   FsdpNoSyncGuard(FsdpNoSyncGuard&& other) noexcept;

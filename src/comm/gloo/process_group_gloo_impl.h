@@ -481,7 +481,6 @@ class DDP_GLOO_HIDDEN ProcessGroupGloo::Impl {
   }
 
   std::exception_ptr convert_io_error(const Task& task, const std::string& what) {
-    internal::note_failure_in_process();
     const bool timed_out = internal::classify_gloo_error(what) == internal::GlooFailure::kTimeout;
     // Gloo names a lost peer by its socket address.
     const int peer = timed_out ? -1 : peer_of(what);
