@@ -210,6 +210,22 @@ std::vector<int> FingerprintExchange::ranks_missing(uint64_t seq) {
   return missing;
 }
 
+std::vector<int> FingerprintExchange::ranks_missing_when_last_compared(uint64_t seq) {
+  std::lock_guard<std::mutex> lock(mutex_);
+  std::vector<int> missing;
+  for (const auto& [published_seq, agreed] : published_) {
+    if (published_seq != seq) {
+      continue;
+    }
+    for (int r = 0; r < size_; ++r) {
+      if (r != rank_ && !agreed[r]) {
+        missing.push_back(r);
+      }
+    }
+  }
+  return missing;
+}
+
 void FingerprintExchange::acknowledge_mismatch(uint64_t seq, std::chrono::milliseconds patience) {
   const auto acknowledged = [&](int r) { return c10::str(key(seq, r), "/mismatch"); };
   std::vector<int> waiting;

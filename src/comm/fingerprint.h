@@ -95,6 +95,12 @@ class FingerprintExchange {
   // that collective, as far as the store knows), for timeout messages.
   std::vector<int> ranks_missing(uint64_t seq);
 
+  // The ranks that had not published for `seq` when this rank last compared
+  // (publish_and_compare), without reading the store: what a timeout can
+  // still say once the store has gone (its server ended with rank 0).
+  // Empty when this rank never published for `seq`.
+  std::vector<int> ranks_missing_when_last_compared(uint64_t seq);
+
   // Once this rank has found a mismatch at `seq`: says so in the store, then
   // waits, for at most `patience`, until every other rank that published a
   // fingerprint for `seq` has said so too (each is in that collective, which

@@ -431,6 +431,7 @@ class DDP_GLOO_HIDDEN ProcessGroupGloo::Impl {
     std::optional<std::string> mismatch;
     std::vector<int> missing;
     std::optional<internal::FailureReport> first;
+    bool store_gone = false; // `missing` is what the monitor last read
   };
 
   // Reads the store for `task`'s failure (a timeout, or a connection lost to
@@ -474,7 +475,12 @@ class DDP_GLOO_HIDDEN ProcessGroupGloo::Impl {
                                                                         op)});
             }
           } catch (const std::exception&) {
-            // The store is gone: the error says what this rank saw alone.
+            // The store is gone (its server ended with rank 0): what this
+            // rank's monitor last read of it.
+            if (found.missing.empty()) {
+              found.missing = fingerprints->ranks_missing_when_last_compared(fingerprint.seq);
+              found.store_gone = true;
+            }
           }
           return found;
         });
@@ -511,12 +517,19 @@ class DDP_GLOO_HIDDEN ProcessGroupGloo::Impl {
           ". Gloo said: ", what)));
     } else {
       const std::vector<int> named = peer >= 0 ? std::vector<int>{peer} : std::vector<int>{};
+      // With the store gone, the ranks that had not arrived when this rank
+      // last read it may be why the peer left.
+      const std::string absent =
+          diagnosis && diagnosis->store_gone && !diagnosis->missing.empty()
+              ? c10::str("; rank(s) ", c10::ArrayRef<int>(diagnosis->missing), " had not reached ",
+                         task.fingerprint.op, " #", task.fingerprint.seq, " when this rank last read the store")
+              : std::string();
       error = std::make_exception_ptr(RemoteError(
           c10::str(task.work->name(), ": lost connection to ",
                    peer >= 0 ? c10::str("rank ", peer) : std::string("a peer"),
                    " (this is rank ", group_.rank(), "); the peer probably exited or crashed",
-                   internal::first_failure_clause(diagnosis ? diagnosis->first : std::nullopt, named), unanswered,
-                   ". Gloo said: ", what),
+                   internal::first_failure_clause(diagnosis ? diagnosis->first : std::nullopt, named), absent,
+                   unanswered, ". Gloo said: ", what),
           peer));
     }
     try {
