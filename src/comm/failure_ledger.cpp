@@ -40,7 +40,6 @@
 #include "comm/failure_ledger.h"
 
 #include <algorithm>
-#include <cerrno>
 #include <cstdlib>
 
 #include <c10/util/StringUtil.h>
