@@ -21,7 +21,13 @@
 // store too (its peer published before comparing), so every rank raises
 // the same error naming both calls. A timeout names the ranks that had not
 // published that sequence number (ranks_missing): the ranks that never
-// reached the collective, as far as the store knows.
+// reached the collective, as far as the store knows. Since a rank publishes
+// only for a stalled collective, one that got through it quickly has not
+// published it either; a fingerprint for one of the next numbers shows it
+// got past, and one for an earlier number (with none since) that it is
+// still stuck there, waiting in turn (netem_cases' link down: the rank
+// whose last send crossed the dead link is one collective behind its
+// neighbour, and neither is to blame).
 //
 // Why this design: the normal path costs a hash and nothing else (no extra
 // message, no store access) for collectives that finish within a second;
@@ -176,18 +182,23 @@ std::optional<std::string> FingerprintExchange::publish_and_compare(const Finger
   std::lock_guard<std::mutex> lock(mutex_);
   const std::string mine = fingerprint.key();
   auto entry = std::find_if(published_.begin(), published_.end(),
-                            [&](const auto& p) { return p.first == fingerprint.seq; });
+                            [&](const Published& p) { return p.seq == fingerprint.seq; });
   if (entry == published_.end()) {
     store_->set(key(fingerprint.seq, rank_), fingerprint.published());
     if (published_.size() >= 4) {
       published_.erase(published_.begin());
     }
-    published_.emplace_back(fingerprint.seq, std::vector<bool>(static_cast<size_t>(size_), false));
+    published_.push_back({fingerprint.seq, std::vector<bool>(static_cast<size_t>(size_), false), {}});
     entry = published_.end() - 1;
   }
-  auto& agreed = entry->second;
+  auto& agreed = entry->agreed;
+  std::vector<int> unpublished;
   for (int r = 0; r < size_; ++r) {
-    if (r == rank_ || agreed[r] || !store_->check({key(fingerprint.seq, r)})) {
+    if (r == rank_ || agreed[r]) {
+      continue;
+    }
+    if (!store_->check({key(fingerprint.seq, r)})) {
+      unpublished.push_back(r);
       continue;
     }
     const std::string theirs = store_->get_string(key(fingerprint.seq, r));
@@ -196,10 +207,13 @@ std::optional<std::string> FingerprintExchange::publish_and_compare(const Finger
     }
     agreed[r] = true;
   }
+  // Kept for a timeout after the store has gone (its server ends with rank
+  // 0, which may be the first to time out).
+  entry->absent = whereabouts_locked(fingerprint.seq, unpublished);
   return std::nullopt;
 }
 
-std::vector<int> FingerprintExchange::ranks_missing(uint64_t seq) {
+std::vector<int> FingerprintExchange::ranks_unpublished(uint64_t seq) {
   std::lock_guard<std::mutex> lock(mutex_);
   std::vector<int> missing;
   for (int r = 0; r < size_; ++r) {
@@ -210,20 +224,64 @@ std::vector<int> FingerprintExchange::ranks_missing(uint64_t seq) {
   return missing;
 }
 
-std::vector<int> FingerprintExchange::ranks_missing_when_last_compared(uint64_t seq) {
+Absentees FingerprintExchange::ranks_missing(uint64_t seq) {
+  const std::vector<int> unpublished = ranks_unpublished(seq);
   std::lock_guard<std::mutex> lock(mutex_);
-  std::vector<int> missing;
-  for (const auto& [published_seq, agreed] : published_) {
-    if (published_seq != seq) {
+  return whereabouts_locked(seq, unpublished);
+}
+
+Absentees FingerprintExchange::whereabouts_locked(uint64_t seq, const std::vector<int>& unpublished) {
+  Absentees found;
+  int looked_around = 0;
+  for (const int r : unpublished) {
+    if (looked_around++ >= kWhereaboutsLimit) {
+      found.unseen.push_back(r);
       continue;
     }
-    for (int r = 0; r < size_; ++r) {
-      if (r != rank_ && !agreed[r]) {
-        missing.push_back(r);
+    bool past = false;
+    for (uint64_t later = seq + 1; later <= seq + kWhereaboutsWindow && !past; ++later) {
+      past = store_->check({key(later, r)});
+    }
+    if (past) {
+      continue;
+    }
+    std::optional<uint64_t> earlier;
+    for (uint64_t before = seq; before > 0 && seq - before < kWhereaboutsWindow && !earlier; --before) {
+      if (store_->check({key(before - 1, r)})) {
+        earlier = before - 1;
       }
     }
+    if (!earlier) {
+      found.unseen.push_back(r);
+      continue;
+    }
+    const std::string theirs = store_->get_string(key(*earlier, r));
+    const std::string op = theirs.substr(0, std::min(theirs.find('|'), theirs.find('\x1f')));
+    found.behind.emplace_back(r, c10::str(op, " #", *earlier));
   }
-  return missing;
+  return found;
+}
+
+std::string Absentees::clause(const std::string& op, uint64_t seq, const std::string& suffix) const {
+  std::string text;
+  if (!unseen.empty()) {
+    text = c10::str("; rank(s) ", c10::ArrayRef<int>(unseen), " had not reached ", op, " #", seq, suffix);
+  }
+  for (size_t i = 0; i < behind.size(); ++i) {
+    text += c10::str(i == 0 ? "; rank " : ", rank ", behind[i].first, i == 0 ? " was still in " : " in ",
+                     behind[i].second);
+  }
+  return text;
+}
+
+Absentees FingerprintExchange::ranks_missing_when_last_compared(uint64_t seq) {
+  std::lock_guard<std::mutex> lock(mutex_);
+  for (const auto& published : published_) {
+    if (published.seq == seq) {
+      return published.absent;
+    }
+  }
+  return {};
 }
 
 void FingerprintExchange::acknowledge_mismatch(uint64_t seq, std::chrono::milliseconds patience) {
@@ -259,7 +317,7 @@ std::string explain_hash_difference(FingerprintExchange& exchange, const Fingerp
       // A peer whose collective completed found the difference too and
       // published at once; one whose collective hangs publishes when its
       // own stall check runs, a second or so later.
-      const auto missing = exchange.ranks_missing(mine.seq);
+      const auto missing = exchange.ranks_unpublished(mine.seq);
       if (missing.empty()) {
         // Equal fingerprints but different hashes cannot happen with the
         // same build on every rank; fail safe all the same.

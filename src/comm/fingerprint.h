@@ -74,6 +74,26 @@ std::string mismatch_message(const Fingerprint& mine, int their_rank, const std:
 // calls does).
 uint32_t fingerprint_tag(const Fingerprint& fingerprint);
 
+// The ranks that had not published a fingerprint for a sequence number, as
+// the store tells where they are (FingerprintExchange::ranks_missing).
+struct Absentees {
+  // No fingerprint for it, nor for the collectives just before or after:
+  // they had not reached it, as far as the store knows.
+  std::vector<int> unseen;
+  // Ranks whose latest fingerprint is of an earlier collective: still in
+  // it, each with that collective ("allreduce #105"). Waiting, like this
+  // rank, for someone else: a timeout does not blame them.
+  std::vector<std::pair<int, std::string>> behind;
+
+  bool empty() const {
+    return unseen.empty() && behind.empty();
+  }
+  // "; rank(s) [2, 3] had not reached allreduce #106; rank 0 was still in
+  // allreduce #105", or "" when empty; `suffix` ends the first part (" when
+  // this rank last read the store").
+  std::string clause(const std::string& op, uint64_t seq, const std::string& suffix = "") const;
+};
+
 // Compares a stalled collective's fingerprint with the other ranks' through
 // the group's store: each rank publishes its fingerprint for a sequence
 // number once, under `prefix`.
@@ -91,15 +111,25 @@ class FingerprintExchange {
   // published agrees. Never blocks on a missing key.
   std::optional<std::string> publish_and_compare(const Fingerprint& fingerprint);
 
-  // The ranks that have not published a fingerprint for `seq` (not reached
-  // that collective, as far as the store knows), for timeout messages.
-  std::vector<int> ranks_missing(uint64_t seq);
+  // The ranks that have not published a fingerprint for `seq`.
+  std::vector<int> ranks_unpublished(uint64_t seq);
 
-  // The ranks that had not published for `seq` when this rank last compared
-  // (publish_and_compare), without reading the store: what a timeout can
-  // still say once the store has gone (its server ended with rank 0).
-  // Empty when this rank never published for `seq`.
-  std::vector<int> ranks_missing_when_last_compared(uint64_t seq);
+  // The same ranks, for timeout messages. A rank publishes only once its collective has run for a
+  // while, so one that finished `seq` quickly has none for it: a fingerprint
+  // for one of the next few sequence numbers shows that it got past `seq`
+  // (it is left out), one for the few before, with none since, that it is
+  // still in an earlier collective (`behind`). Looks around for at most
+  // kWhereaboutsLimit ranks (two store reads each at most per number
+  // looked at); the others are `unseen`.
+  Absentees ranks_missing(uint64_t seq);
+  static constexpr int kWhereaboutsLimit = 32;
+  static constexpr uint64_t kWhereaboutsWindow = 3;
+
+  // ranks_missing(seq) as this rank's last publish_and_compare found it,
+  // without reading the store: what a timeout can still say once the store
+  // has gone (its server ended with rank 0). Empty when this rank never
+  // published for `seq`.
+  Absentees ranks_missing_when_last_compared(uint64_t seq);
 
   // Once this rank has found a mismatch at `seq`: says so in the store, then
   // waits, for at most `patience`, until every other rank that published a
@@ -120,11 +150,19 @@ class FingerprintExchange {
   const int rank_;
   const int size_;
   std::mutex mutex_;
-  // The sequence numbers published, the latest few (at most two collectives
-  // run at once), each with the ranks already found to agree (not read
-  // again: a long collective is compared every few hundred ms). Guarded by
-  // mutex_.
-  std::vector<std::pair<uint64_t, std::vector<bool>>> published_;
+  // ranks_missing for the ranks in `unpublished`. Takes mutex_ held.
+  Absentees whereabouts_locked(uint64_t seq, const std::vector<int>& unpublished);
+
+  // A sequence number this rank published, with the ranks already found to
+  // agree (not read again: a long collective is compared every few hundred
+  // ms) and where the others were at the last comparison.
+  struct Published {
+    uint64_t seq;
+    std::vector<bool> agreed;
+    Absentees absent;
+  };
+  // The latest few (at most two collectives run at once). Guarded by mutex_.
+  std::vector<Published> published_;
 };
 
 // Whether the MAX-allreduce of every rank's (h, -h), h = hash63(), shows

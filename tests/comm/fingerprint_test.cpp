@@ -159,6 +159,48 @@ TEST(ExplainHashDifference, EqualFingerprintsStillReportADifference) {
   EXPECT_LT(Clock::now() - start, 2s) << "every rank had published: no waiting";
 }
 
+// netem_cases' link down, four ranks: rank 3 never reached #105's
+// publication (its store was across the dead link); rank 1 got through
+// #105 without stalling and stalled in #106; rank 2 stalled in #104 and
+// published nothing since. Rank 0, timing out in #105, names only rank 3
+// as absent, and rank 2 as still in #104.
+TEST(RanksMissing, TellsRanksPastTheCollectiveAndRanksBehindFromTheUnseen) {
+  auto store = std::make_shared<HashStore>();
+  FingerprintExchange rank0(store, "fp/", 0, 4);
+  FingerprintExchange rank1(store, "fp/", 1, 4);
+  FingerprintExchange rank2(store, "fp/", 2, 4);
+  rank0.publish_and_compare(allreduce(1000, 105));
+  rank1.publish_and_compare(allreduce(1000, 106));
+  Fingerprint broadcast{"broadcast", at::kFloat, 10, std::nullopt, 0};
+  broadcast.seq = 104;
+  rank2.publish_and_compare(broadcast);
+  const Absentees absent = rank0.ranks_missing(105);
+  EXPECT_EQ(absent.unseen, std::vector<int>{3});
+  ASSERT_EQ(absent.behind.size(), 1u);
+  EXPECT_EQ(absent.behind[0].first, 2);
+  EXPECT_EQ(absent.behind[0].second, "broadcast #104");
+  EXPECT_EQ(absent.clause("allreduce", 105),
+            "; rank(s) [3] had not reached allreduce #105; rank 2 was still in broadcast #104");
+  // From rank 1's side at #106: rank 0 still in #105, rank 2 in #104.
+  const Absentees from1 = rank1.ranks_missing(106);
+  EXPECT_EQ(from1.unseen, std::vector<int>{3});
+  ASSERT_EQ(from1.behind.size(), 2u);
+  EXPECT_EQ(from1.clause("allreduce", 106, " when this rank last read the store"),
+            "; rank(s) [3] had not reached allreduce #106 when this rank last read the store; rank 0 was still in "
+            "allreduce #105, rank 2 in broadcast #104");
+  // Four numbers on, #104 is out of sight: rank 2 is unseen.
+  EXPECT_EQ(rank0.ranks_missing(108).unseen, (std::vector<int>{2, 3}));
+  // What each compare found, kept for when the store has gone: rank 1
+  // published after rank 0 and before rank 2.
+  const Absentees kept = rank1.ranks_missing_when_last_compared(106);
+  EXPECT_EQ(kept.unseen, (std::vector<int>{2, 3}));
+  ASSERT_EQ(kept.behind.size(), 1u);
+  EXPECT_EQ(kept.behind[0].second, "allreduce #105");
+  EXPECT_EQ(rank0.ranks_missing_when_last_compared(105).unseen, (std::vector<int>{1, 2, 3}));
+  EXPECT_TRUE(rank0.ranks_missing_when_last_compared(7).empty());
+  EXPECT_EQ(Absentees{}.clause("allreduce", 1), "");
+}
+
 // A store whose reads fail, as after its server has gone.
 class BrokenStore : public HashStore {
  public:

@@ -429,7 +429,7 @@ class DDP_GLOO_HIDDEN ProcessGroupGloo::Impl {
   // group's first failure, which this one becomes unless one is recorded.
   struct Diagnosis {
     std::optional<std::string> mismatch;
-    std::vector<int> missing;
+    internal::Absentees missing;
     std::optional<internal::FailureReport> first;
     bool store_gone = false; // `missing` is what the monitor last read
   };
@@ -465,9 +465,11 @@ class DDP_GLOO_HIDDEN ProcessGroupGloo::Impl {
             const std::string op = c10::str(fingerprint.op, " #", fingerprint.seq);
             if (timed_out) {
               found.missing = fingerprints->ranks_missing(fingerprint.seq);
-              found.first = found.missing.empty()
+              // A rank still in an earlier collective waits for someone
+              // else, as this one does: only the unseen are blamed.
+              found.first = found.missing.unseen.empty()
                                 ? failures->first()
-                                : failures->record({found.missing.front(),
+                                : failures->record({found.missing.unseen.front(),
                                                     c10::str("rank ", rank, " timed out in ", op, " waiting for it")});
             } else {
               found.first = peer < 0 ? failures->first()
@@ -505,24 +507,24 @@ class DDP_GLOO_HIDDEN ProcessGroupGloo::Impl {
         // The store is gone: the other ranks report what they can.
       }
     } else if (timed_out) {
-      const std::vector<int> missing = diagnosis ? diagnosis->missing : std::vector<int>{};
-      const std::string missing_clause =
-          missing.empty() ? "" : c10::str("; rank(s) ", c10::ArrayRef<int>(missing), " had not reached ",
-                                          task.fingerprint.op, " #", task.fingerprint.seq);
+      const internal::Absentees missing = diagnosis ? diagnosis->missing : internal::Absentees{};
+      const std::string missing_clause = missing.clause(
+          task.fingerprint.op, task.fingerprint.seq,
+          diagnosis && diagnosis->store_gone ? " when this rank last read the store" : "");
       error = std::make_exception_ptr(TimeoutError(c10::str(
           task.work->name(), ": timed out after ", task.timeout.count(),
           " ms waiting for a peer (a rank may be stuck, dead, or issuing collectives in a "
           "different order)", missing_clause,
-          internal::first_failure_clause(diagnosis ? diagnosis->first : std::nullopt, missing), unanswered,
+          internal::first_failure_clause(diagnosis ? diagnosis->first : std::nullopt, missing.unseen), unanswered,
           ". Gloo said: ", what)));
     } else {
       const std::vector<int> named = peer >= 0 ? std::vector<int>{peer} : std::vector<int>{};
       // With the store gone, the ranks that had not arrived when this rank
       // last read it may be why the peer left.
       const std::string absent =
-          diagnosis && diagnosis->store_gone && !diagnosis->missing.empty()
-              ? c10::str("; rank(s) ", c10::ArrayRef<int>(diagnosis->missing), " had not reached ",
-                         task.fingerprint.op, " #", task.fingerprint.seq, " when this rank last read the store")
+          diagnosis && diagnosis->store_gone
+              ? diagnosis->missing.clause(task.fingerprint.op, task.fingerprint.seq,
+                                          " when this rank last read the store")
               : std::string();
       error = std::make_exception_ptr(RemoteError(
           c10::str(task.work->name(), ": lost connection to ",

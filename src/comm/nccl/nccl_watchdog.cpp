@@ -280,12 +280,7 @@ std::string NcclEngine::missing_ranks_clause(const NcclWork& work) noexcept {
   }
   try {
     const auto& fingerprint = *work.fingerprint();
-    const auto missing = fingerprints_->ranks_missing(fingerprint.seq);
-    if (missing.empty()) {
-      return "";
-    }
-    return c10::str("; rank(s) ", c10::ArrayRef<int>(missing), " had not reached ", fingerprint.op, " #",
-                    fingerprint.seq);
+    return fingerprints_->ranks_missing(fingerprint.seq).clause(fingerprint.op, fingerprint.seq);
   } catch (...) {
     return "";
   }
