@@ -138,7 +138,7 @@ double mean_us(const std::function<void(int64_t)>& body) {
 // One collective's record, as a backend makes it, on a recorder of the
 // default size that no group shares.
 double record_us() {
-  ddp::internal::FlightRecorder recorder("bench", "gloo", 0, 2, 2000, nullptr);
+  ddp::internal::FlightRecorder recorder("bench", "gloo", 0, 2, 2000, nullptr, nullptr);
   ddp::internal::Fingerprint fingerprint("allreduce", at::kFloat, 165, ddp::ReduceOp::kSum);
   return mean_us([&](int64_t i) {
     fingerprint.seq = static_cast<uint64_t>(i);

@@ -31,7 +31,7 @@ set -euo pipefail
 # ccache: the build compiles through it (DDP_CCACHE in CMakeLists.txt), so
 # that another build tree of the same clone (the sanitizers') reuses this
 # one's objects.
-packages=(libtorch-dev libgloo-dev libgtest-dev cmake ninja-build g++ python3-torch
+packages=(libtorch-dev libgloo-dev libgtest-dev nlohmann-json3-dev cmake ninja-build g++ python3-torch
           libopenmpi-dev openmpi-bin libopenblas0-openmp libblas3 ccache)
 # The test suite's only: slurmctld, slurmd, slurm-client and munge for the
 # launcher cases under a real Slurm (tests/launch/slurm/: the test starts
@@ -85,7 +85,7 @@ if [[ -r /etc/os-release ]]; then
 fi
 command -v dpkg-query >/dev/null 2>&1 ||
   die "dpkg-query not found: this script installs Debian packages with apt-get. On another \
-system install ${packages[*]} (or their equivalents: LibTorch 1.13, Gloo, GoogleTest, CMake >= 3.18, \
+system install ${packages[*]} (or their equivalents: LibTorch 1.13, Gloo, GoogleTest, nlohmann/json 3.x, CMake >= 3.18, \
 Ninja, a C++17 compiler, an MPI with mpirun) and run: cmake -S . -B build -G Ninja -DCMAKE_BUILD_TYPE=Release && ninja -C build"
 
 missing=()

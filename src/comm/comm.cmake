@@ -2,11 +2,9 @@
 # argument checks, reduce kernels and send/recv Work the backends share, the
 # buffers in shared memory that Gloo and MPI reduce in (src/comm/shm/), and
 # init_process_group. Each backend is a part of its own in its folder. The
-# flight recorder (its own folder, src/flight_recorder/) is compiled into
-# this part: every backend and Work::wait record into it, so a test that
-# links the core links it too. So is the timeline (src/timeline/), which the
-# recorder and Work::wait feed. Its analyzer and JSON reader are ddprun's
-# (src/launch/launch.cmake).
+# core uses the flight recorder (src/flight_recorder/) and the timeline
+# (src/timeline/), parts of their own, and joins them
+# (recorder_outputs.cpp): a test that links the core links those two too.
 ddp_add_part(ddp_comm
   src/comm/types.cpp
   src/comm/work.cpp
@@ -16,10 +14,12 @@ ddp_add_part(ddp_comm
   src/comm/fingerprint.cpp
   src/comm/failure_ledger.cpp
   src/comm/collective_label.cpp
+  src/comm/recorder_outputs.cpp
   src/comm/alltoall_splits.cpp
   src/comm/batch_p2p.cpp
   src/comm/objects/object_collectives.cpp
   src/comm/objects/object_frame.cpp
+  src/comm/objects/same_on_every_rank.cpp
   src/comm/collective_checks.cpp
   src/comm/point_to_point_work.cpp
   src/comm/contiguous_arguments.cpp
@@ -28,10 +28,7 @@ ddp_add_part(ddp_comm
   src/comm/init.cpp
   src/comm/rendezvous_arrival.cpp
   src/comm/slurm_env.cpp
-  src/comm/subgroups.cpp
-  src/flight_recorder/flight_recorder.cpp
-  src/flight_recorder/dump_directory.cpp
-  src/timeline/timeline.cpp)
+  src/comm/subgroups.cpp)
 
 # The backends' parts reuse this precompiled <ATen/ATen.h> (set in their
 # files): compiling one costs ~22 s of CPU, and the README's first command

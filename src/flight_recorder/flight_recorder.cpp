@@ -16,7 +16,7 @@
 // ddp::dump_flight_recorder(). A dump replaces the previous one atomically
 // (written aside, then renamed), so the file always holds the latest
 // complete state. `ddprun --analyze DIR` reads the ranks' files together
-// and names the rank at fault (src/flight_recorder/analyzer.cpp).
+// and names the rank at fault (src/launch/readers/analyzer.cpp).
 
 #include "flight_recorder/flight_recorder.h"
 #include "flight_recorder/dump_directory.h"
@@ -43,7 +43,6 @@
 #include "internal/env.h"
 #include "internal/logging.h"
 #include "internal/text_files.h"
-#include "timeline/timeline.h"
 
 namespace ddp::internal {
 
@@ -77,6 +76,7 @@ struct FlightRecorderRegistry {
   std::vector<std::weak_ptr<FlightRecorder>> recorders;
   int rank = -1; // the first group's rank
   int size = 0;  // and its size
+  std::function<void()> also_on_request; // on_dump_request's
 };
 
 namespace {
@@ -106,7 +106,7 @@ void on_sigusr1(int) {
 }
 
 // Dumps on SIGUSR1, from a thread of its own: a signal handler may not
-// allocate or take locks. Called after Timeline::get() succeeded. Left alone when the program handles SIGUSR1
+// allocate or take locks. Left alone when the program handles SIGUSR1
 // itself.
 void install_signal_dump_locked() {
   if (signal_pipe[0] >= 0) {
@@ -121,15 +121,19 @@ void install_signal_dump_locked() {
   }
   // The reader blocks; only the writer (the handler) must not.
   ::fcntl(signal_pipe[0], F_SETFL, 0);
-  // The timeline, when on, is written too (Note [Timeline]): ddprun sends
-  // SIGUSR1 before it stops a failed job's ranks. Not kept alive by this
-  // thread, which never ends: its destruction writes it at exit.
-  std::thread([fd = signal_pipe[0], keep = registry(), weak_timeline = std::weak_ptr<Timeline>(Timeline::shared())] {
+  // What on_dump_request set is written too (the timeline: ddprun sends
+  // SIGUSR1 before it stops a failed job's ranks).
+  std::thread([fd = signal_pipe[0], keep = registry()] {
     char byte = 0;
     while (::read(fd, &byte, 1) > 0 || errno == EINTR) {
       dump_with(*keep, "SIGUSR1");
-      if (const auto timeline = weak_timeline.lock()) {
-        timeline->write();
+      std::function<void()> also;
+      {
+        std::lock_guard<std::mutex> lock(keep->mutex);
+        also = keep->also_on_request;
+      }
+      if (also) {
+        also();
       }
     }
   }).detach();
@@ -140,7 +144,9 @@ void install_signal_dump_locked() {
   ::sigaction(SIGUSR1, &action, nullptr);
 }
 
-const char* state_name(FlightRecorder::State state) {
+} // namespace
+
+const char* to_string(FlightRecorder::State state) {
   switch (state) {
     case FlightRecorder::State::kQueued:
       return "queued";
@@ -154,24 +160,20 @@ const char* state_name(FlightRecorder::State state) {
   return "unknown";
 }
 
-} // namespace
+void on_dump_request(std::function<void()> also) {
+  Registry& r = *registry();
+  std::lock_guard<std::mutex> lock(r.mutex);
+  r.also_on_request = std::move(also);
+}
 
-std::shared_ptr<FlightRecorder> FlightRecorder::create(std::string group, std::string backend, int rank,
-                                                       int size) {
+std::shared_ptr<FlightRecorder> FlightRecorder::create(std::string group, std::string backend, int rank, int size,
+                                                       std::shared_ptr<CollectiveListener> listener) {
   const size_t capacity = capacity_from_env(rank, size, backend);
-  try {
-    if (Timeline* timeline = Timeline::get()) { // Note [Timeline]: the first group names the file
-      timeline->set_rank(rank, size);
-    }
-  } catch (const c10::Error& e) {
-    DDP_CHECK(false, "[rank ", rank, "/", size, "] creating a ", backend, " process group: ",
-              e.what_without_backtrace());
-  }
   if (capacity == 0) {
     return nullptr;
   }
   auto recorder = std::make_shared<FlightRecorder>(std::move(group), std::move(backend), rank, size, capacity,
-                                                   registry());
+                                                   registry(), std::move(listener));
   Registry& r = *registry();
   std::lock_guard<std::mutex> lock(r.mutex);
   if (r.rank < 0) {
@@ -187,15 +189,15 @@ std::shared_ptr<FlightRecorder> FlightRecorder::create(std::string group, std::s
 }
 
 FlightRecorder::FlightRecorder(std::string group, std::string backend, int rank, int size, size_t capacity,
-                               std::shared_ptr<FlightRecorderRegistry> registry)
+                               std::shared_ptr<FlightRecorderRegistry> registry,
+                               std::shared_ptr<CollectiveListener> listener)
     : group_(std::move(group)),
       backend_(std::move(backend)),
       rank_(rank),
       size_(size),
       capacity_(capacity),
       registry_(std::move(registry)),
-      timeline_(Timeline::shared()),
-      timeline_track_(timeline_ ? timeline_->track(c10::str("collectives: ", group_, " (", backend_, ")")) : 0) {
+      listener_(std::move(listener)) {
   ring_.reserve(std::min<size_t>(capacity_, 64));
 }
 
@@ -221,7 +223,7 @@ uint64_t FlightRecorder::queued(const Fingerprint& fingerprint) {
 }
 
 void FlightRecorder::update(uint64_t id, State state, const std::string* error) {
-  Entry ended; // for the timeline (Note [Timeline]): a copy, to write outside the lock
+  Entry ended; // for the listener: a copy, to hand over outside the lock
   {
     std::lock_guard<std::mutex> lock(mutex_);
     if (id >= next_id_ || id + capacity_ < next_id_) {
@@ -237,22 +239,12 @@ void FlightRecorder::update(uint64_t id, State state, const std::string* error) 
     if (error != nullptr) {
       entry.error = error->substr(0, kMaxErrorBytes);
     }
-    if (timeline_ == nullptr || state == State::kStarted) {
+    if (listener_ == nullptr || state == State::kStarted) {
       return;
     }
     ended = entry;
   }
-  // A collective that failed before it started spans its time in the queue.
-  const int64_t start = ended.started_us != 0 ? ended.started_us : ended.queued_us;
-  timeline_->complete(timeline_track_, ended.label.empty() ? ended.op : ended.op + " (" + ended.label + ")", start,
-                      ended.completed_us,
-                      TimelineArgs()
-                          .add("seq", static_cast<int64_t>(ended.seq))
-                          .add("shape", ended.shape)
-                          .add("label", ended.label)
-                          .add("queued_us", start - ended.queued_us)
-                          .add("state", std::string(state_name(ended.state)))
-                          .take());
+  listener_->ended(ended);
 }
 
 void FlightRecorder::started(uint64_t id) {
@@ -348,7 +340,7 @@ std::string json_of(Registry& r, const std::string& reason) {
       append_json_string(out, e.reduce);
       out += c10::str(", \"root\": ", e.root, ", \"label\": ");
       append_json_string(out, e.label);
-      out += c10::str(", \"state\": \"", state_name(e.state), "\", \"queued_us\": ",
+      out += c10::str(", \"state\": \"", to_string(e.state), "\", \"queued_us\": ",
                       e.queued_us, ", \"started_us\": ", e.started_us, ", \"completed_us\": ", e.completed_us,
                       ", \"error\": ");
       append_json_string(out, e.error);

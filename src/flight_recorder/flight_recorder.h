@@ -8,6 +8,7 @@
 #include <chrono>
 #include <cstdint>
 #include <exception>
+#include <functional>
 #include <memory>
 #include <mutex>
 #include <string>
@@ -21,7 +22,7 @@ namespace ddp::internal {
 // holds it, so that a group destroyed at exit, after the static one is
 // gone, can still write its dump.
 struct FlightRecorderRegistry;
-class Timeline;
+class CollectiveListener;
 
 class FlightRecorder {
  public:
@@ -46,12 +47,15 @@ class FlightRecorder {
 
   // The recorder of one process group, registered for dumps; nullptr when
   // DDP_FLIGHT_RECORDER_SIZE is 0. `group` names it ("default", a
-  // subgroup's name), `backend` is the group's.
-  static std::shared_ptr<FlightRecorder> create(std::string group, std::string backend, int rank,
-                                                int size);
+  // subgroup's name), `backend` is the group's. `listener`, when given,
+  // learns of every collective that ends. Backends create theirs through
+  // make_flight_recorder (comm/recorder_outputs.h), which adds the
+  // timeline.
+  static std::shared_ptr<FlightRecorder> create(std::string group, std::string backend, int rank, int size,
+                                                std::shared_ptr<CollectiveListener> listener = nullptr);
 
   FlightRecorder(std::string group, std::string backend, int rank, int size, size_t capacity,
-                 std::shared_ptr<FlightRecorderRegistry> registry);
+                 std::shared_ptr<FlightRecorderRegistry> registry, std::shared_ptr<CollectiveListener> listener);
   FlightRecorder(const FlightRecorder&) = delete;
   FlightRecorder& operator=(const FlightRecorder&) = delete;
 
@@ -89,12 +93,30 @@ class FlightRecorder {
   const int size_;
   const size_t capacity_;
   const std::shared_ptr<FlightRecorderRegistry> registry_;
-  const std::shared_ptr<Timeline> timeline_; // nullptr when off (Note [Timeline])
-  const int timeline_track_;
+  const std::shared_ptr<CollectiveListener> listener_; // or nullptr
   mutable std::mutex mutex_;
   std::vector<Entry> ring_; // guarded by mutex_; entry id sits at id % capacity_
   uint64_t next_id_ = 0;    // guarded by mutex_
 };
+
+// What learns of each collective that a recorder sees end, besides its
+// ring: the timeline, through comm/recorder_outputs.cpp. The recorder
+// knows no output but its dump.
+class CollectiveListener {
+ public:
+  virtual ~CollectiveListener() = default;
+  // Completed or failed; called outside the recorder's lock, on the thread
+  // that ended it.
+  virtual void ended(const FlightRecorder::Entry& entry) = 0;
+};
+
+// "queued", "started", "completed", "failed": as the dump writes them.
+const char* to_string(FlightRecorder::State state);
+
+// What a dump request (SIGUSR1) writes besides the recorders' dump: one
+// callback for the process (the timeline's write), replacing an earlier
+// one; empty for none. Runs on the recorders' signal thread.
+void on_dump_request(std::function<void()> also);
 
 // Writes every live group's ring of this process to
 // <DDP_FLIGHT_RECORDER_DIR>/rank_<R>.json (R: the rank of the first group

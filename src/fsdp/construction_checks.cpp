@@ -1,12 +1,10 @@
-// FullyShardedDataParallel's checks across ranks at construction
-// (construction_checks.h).
+// FullyShardedDataParallel's check of initial values across ranks at
+// construction (construction_checks.h).
 
 #include "fsdp/construction_checks.h"
 
 #include <torch/torch.h>
 
-#include <cstring>
-#include <sstream>
 #include <vector>
 
 #include "checkpoint/names.h"
@@ -14,69 +12,6 @@
 #include "internal/hash.h"
 
 namespace ddp::fsdp {
-
-namespace {
-
-// Broadcasts rank 0's `text` over `group` (its size, then its bytes).
-std::string broadcast_text(ProcessGroup& group, const std::string& text, const c10::Device& device) {
-  auto size = torch::tensor({static_cast<int64_t>(text.size())}, torch::kLong).to(device);
-  group.broadcast(size, BroadcastOptions{0})->wait();
-  const int64_t n = size.cpu().item<int64_t>();
-  auto bytes = torch::zeros({n}, torch::kUInt8);
-  if (group.rank() == 0) {
-    std::memcpy(bytes.data_ptr(), text.data(), text.size());
-  }
-  bytes = bytes.to(device);
-  group.broadcast(bytes, BroadcastOptions{0})->wait();
-  bytes = bytes.cpu();
-  return std::string(static_cast<const char*>(bytes.data_ptr()), static_cast<size_t>(n));
-}
-
-// The first line where `a` and `b` differ, for an error message.
-std::string first_difference(const std::string& a, const std::string& b) {
-  std::istringstream sa(a), sb(b);
-  std::string la, lb;
-  while (true) {
-    const bool more_a = static_cast<bool>(std::getline(sa, la));
-    const bool more_b = static_cast<bool>(std::getline(sb, lb));
-    if (!more_a && !more_b) {
-      return "(no line differs)";
-    }
-    if (!more_a || !more_b || la != lb) {
-      return c10::str("rank 0: '", more_a ? la : std::string("(nothing)"), "', this rank: '",
-                      more_b ? lb : std::string("(nothing)"), "'");
-    }
-  }
-}
-
-
-} // namespace
-
-void check_same_units(ProcessGroup& group, const std::string& mine, const c10::Device& device,
-                      const std::string& who) {
-  auto hash = torch::tensor({static_cast<int64_t>(internal::fnv1a(mine) >> 1)}, torch::kLong).to(device);
-  std::vector<at::Tensor> hashes;
-  for (int r = 0; r < group.size(); ++r) {
-    hashes.push_back(torch::empty_like(hash));
-  }
-  group.allgather(hashes, hash)->wait();
-  std::vector<int> differ;
-  for (int r = 1; r < group.size(); ++r) {
-    if (!hashes[r].cpu().equal(hashes[0].cpu())) {
-      differ.push_back(r);
-    }
-  }
-  if (!differ.empty()) {
-    const std::string theirs = broadcast_text(group, mine, device);
-    std::string ranks;
-    for (const int r : differ) {
-      ranks += (ranks.empty() ? "" : ", ") + std::to_string(r);
-    }
-    DDP_CHECK(false, who, ": ranks wrap different units: rank(s) ", ranks,
-              " differ from rank 0 (every rank must wrap the same model); first difference: ",
-              first_difference(theirs, mine));
-  }
-}
 
 void check_same_values(const torch::nn::Module& module, ProcessGroup& group, const c10::Device& device,
                        const std::string& who) {

@@ -1,8 +1,8 @@
 #pragma once
 
-// What FullyShardedDataParallel checks across ranks at construction: that
-// every rank wraps the same units, and holds the same initial values.
-// Private.
+// What FullyShardedDataParallel checks across ranks at construction besides
+// the units (comm/objects/same_on_every_rank.h): that every rank holds the
+// same initial values. Private.
 
 #include <torch/nn/module.h>
 
@@ -13,14 +13,6 @@
 #include <ddp/comm/process_group.h>
 
 namespace ddp::fsdp {
-
-// Every rank's `description` of its units (a line per unit and per
-// parameter: name, shape, dtype, device) is rank 0's, or every rank throws
-// naming the ranks that differ and the first line that does. A collective
-// (a hash of each, and rank 0's text only when they differ); `device` is
-// where its tensors go (the group's).
-void check_same_units(ProcessGroup& group, const std::string& description, const c10::Device& device,
-                      const std::string& who);
 
 // Every rank's parameters and buffers hold the same values (a checksum of
 // each: a hash of its bytes), or every rank throws naming the first that

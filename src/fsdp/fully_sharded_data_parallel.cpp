@@ -6,8 +6,6 @@
 #include <torch/torch.h>
 
 #include <algorithm>
-#include <cstring>
-#include <sstream>
 #include <unordered_set>
 
 #include <ddp/group.h>
@@ -17,10 +15,10 @@
 
 #include "checkpoint/names.h"
 #include "fsdp/auto_wrap.h"
+#include "comm/objects/same_on_every_rank.h"
 #include "fsdp/construction_checks.h"
 #include "fsdp/fsdp_state.h"
 #include "internal/check.h"
-#include "internal/hash.h"
 #include "timeline/timeline.h"
 
 namespace ddp {
@@ -83,6 +81,268 @@ std::vector<std::pair<std::string, std::shared_ptr<FsdpUnitImpl>>> units_inside(
 
 std::string join_prefix(const std::string& prefix, const std::string& name) {
   return prefix.empty() ? name : prefix + "." + name;
+}
+
+// The steps of construction, in order (FullyShardedDataParallelImpl's
+// constructor).
+
+// The strategy's shard and replicate groups, the offload and precision
+// settings, and the split of the gradient's division by the world size.
+void choose_groups(State& s, const FullyShardedDataParallelOptions& options) {
+  const std::string& who = s.config.who;
+  switch (options.sharding_strategy()) {
+    case ShardingStrategy::kFullShard:
+    case ShardingStrategy::kShardGradOp:
+      s.config.shard_group = s.group;
+      break;
+    case ShardingStrategy::kNoShard:
+      s.config.replicate_group = s.group;
+      break;
+    case ShardingStrategy::kHybridShard: {
+      s.config.shard_group = options.shard_group();
+      s.config.replicate_group = options.replicate_group();
+      DDP_CHECK(static_cast<bool>(s.config.shard_group) == static_cast<bool>(s.config.replicate_group), who,
+                ": kHybridShard takes both shard_group and replicate_group, or neither (got only the ",
+                s.config.shard_group ? "shard_group" : "replicate_group", ")");
+      if (!s.config.shard_group) {
+        // The launcher's ranks per node: LOCAL_WORLD_SIZE (ddprun, torchrun),
+        // Slurm's or Open MPI's own (a world of size 1 without one).
+        const int node = world_info_from_env().local_world_size;
+        const int world = s.group->size();
+        DDP_CHECK(node >= 1 && world % node == 0, who, ": kHybridShard: ", node,
+                  " ranks per node (the launcher's local world size) do not divide the world size ", world,
+                  "; pass shard_group and replicate_group");
+        DDP_CHECK(s.group == default_process_group(), who,
+                  ": kHybridShard makes its groups from the default group; pass shard_group and "
+                  "replicate_group for another group");
+        s.config.shard_group = new_subgroups(node).mine;
+        for (int position = 0; position < node; ++position) {
+          std::vector<int> across;
+          for (int r = position; r < world; r += node) {
+            across.push_back(r);
+          }
+          auto made = new_group(across);
+          if (s.group->rank() % node == position) {
+            s.config.replicate_group = made;
+          }
+        }
+      }
+      break;
+    }
+  }
+  s.config.offload_params = options.cpu_offload().offload_params();
+  s.config.param_dtype = options.mixed_precision().param_dtype();
+  s.config.reduce_dtype = options.mixed_precision().reduce_dtype();
+  // PyTorch's split of the division by the world size around the reduction
+  // (_get_gradient_predivide_factor): the larger power of two below
+  // sqrt(world) before, the rest after, so that low-precision sums neither
+  // overflow nor underflow.
+  const int world = s.group->size();
+  int factor = 1;
+  while (world % factor == 0 && world / factor > factor) {
+    factor *= 2;
+  }
+  s.config.predivide = factor;
+  s.config.postdivide = static_cast<double>(world) / factor;
+}
+
+// The units: the FsdpUnits inside the module, or the Sequential's children
+// (among them, or inside them, those an auto_wrap_policy chooses), then the
+// root unit of what no unit holds. Deferred units are built, initialised
+// and sharded here. Sets s.unit_of_child and s.root_unit.
+std::vector<UnitPlan> plan_units(State& s, const FullyShardedDataParallelOptions& options,
+                                 const std::shared_ptr<torch::nn::Module>& module,
+                                 const std::shared_ptr<torch::nn::SequentialImpl>& sequential) {
+  const std::string& who = s.config.who;
+  Claims claims(who);
+  std::vector<UnitPlan> plans;
+  const auto& policy = options.auto_wrap_policy();
+  // The FsdpUnits inside `module` (at `prefix`) as units.
+  auto add_units_inside = [&](const std::shared_ptr<torch::nn::Module>& holder, const std::string& prefix) {
+    for (const auto& [path, unit] : units_inside(holder, prefix)) {
+      const auto nested = units_inside(unit, path);
+      DDP_CHECK(nested.empty(), who, ": unit ", nested.empty() ? path : nested.front().first,
+                " is nested in unit ", path, "; units must not nest: wrap the inner module or the outer one");
+      const bool deferred = !unit->built();
+      if (deferred) {
+        // Built, initialised and sharded now: its full values exist only
+        // until this rank's shard is taken.
+        DDP_CHECK(options.param_init(), who, ": unit ", path,
+                  " is deferred (ddp::deferred_unit) and nothing says how to initialise it: pass "
+                  "FullyShardedDataParallelOptions().param_init(ddp::ParamInit().seed(...))");
+        unit->build();
+        seeded_init(*unit->module(), *options.param_init(), path);
+        unit->module()->to(options.param_init()->device());
+      }
+      UnitPlan plan{path, {}, unit, {}};
+      for (const auto& item : unit->named_parameters()) {
+        claims.claim(plan, join_prefix(path, item.key()), item.value());
+      }
+      if (deferred && !plan.entries.empty()) {
+        const auto& group = s.config.shard_group;
+        plan.shard = fsdp::take_shard(plan.entries, group ? group->size() : 1, group ? group->rank() : 0);
+      }
+      if (!plan.entries.empty()) {
+        plans.push_back(std::move(plan));
+      }
+    }
+  };
+  if (options.param_init()) {
+    // What is built; deferred units as they are built below.
+    seeded_init(*module, *options.param_init());
+  }
+  if (sequential) {
+    for (size_t i = 0; i < sequential->size(); ++i) {
+      auto child = sequential->ptr(i);
+      const std::string path = std::to_string(i);
+      if (policy) {
+        // The policy chooses among the children; inside those it leaves
+        // out, among the children of their Sequentials.
+        const bool holds = fsdp::auto_wrap(*child, path, policy);
+        if (holds || !policy(path, *child, fsdp::parameter_numel(*child))) {
+          s.unit_of_child.push_back(-1);
+          add_units_inside(child, path);
+          continue;
+        }
+      } else {
+        const auto nested = units_inside(child, path);
+        DDP_CHECK(nested.empty() && !std::dynamic_pointer_cast<FsdpUnitImpl>(child), who,
+                  ": the Sequential's child ", path, " holds an FsdpUnit (",
+                  nested.empty() ? path : nested.front().first,
+                  "); each child of a Sequential is a unit already: remove the FsdpUnit, or pass an "
+                  "auto_wrap_policy to choose the units");
+      }
+      UnitPlan plan{"child " + path, {}, nullptr, {}};
+      for (const auto& item : child->named_parameters()) {
+        claims.claim(plan, join_prefix(path, item.key()), item.value());
+      }
+      s.unit_of_child.push_back(plan.entries.empty() ? -1 : static_cast<int>(plans.size()));
+      if (!plan.entries.empty()) {
+        plans.push_back(std::move(plan));
+      }
+    }
+  } else {
+    if (policy) {
+      fsdp::auto_wrap(*module, "", policy);
+    }
+    add_units_inside(module, "");
+  }
+  {
+    // What no unit holds: the root unit. A parameter that a unit holds and
+    // another module (outside every unit) uses too is shared.
+    std::unordered_set<std::string> in_units;
+    for (const auto& plan : plans) {
+      for (const auto& entry : plan.entries) {
+        in_units.insert(entry.name);
+      }
+    }
+    UnitPlan root{"(root)", {}, nullptr, {}};
+    for (const auto& item : module->named_parameters()) {
+      const bool inside = std::any_of(plans.begin(), plans.end(), [&](const UnitPlan& plan) {
+        return plan.unit_module && item.key().rfind(plan.label + ".", 0) == 0;
+      });
+      if (in_units.count(item.key()) > 0 || inside) {
+        continue;
+      }
+      DDP_CHECK(!claims.claimed(item.value()), who, ": parameter ", item.key(),
+                " is used outside every unit but belongs to a unit too; a parameter must belong to one unit");
+      claims.claim(root, item.key(), item.value());
+    }
+    if (!root.entries.empty()) {
+      s.root_unit = static_cast<int>(plans.size());
+      plans.push_back(std::move(root));
+    }
+  }
+  return plans;
+}
+
+// Every rank wraps the same units (internal::check_same_on_every_rank) and
+// holds the same initial values, or takes rank 0's (sync_module_states).
+void agree_across_ranks(const State& s, const std::vector<UnitPlan>& plans, torch::nn::Module& module,
+                        const FullyShardedDataParallelOptions& options) {
+  if (s.group->size() == 1) {
+    return;
+  }
+  c10::Device device(c10::kCPU);
+  std::vector<std::string> lines{c10::str("'strategy ", to_string(options.sharding_strategy()), "'")};
+  if (options.param_init()) {
+    lines.push_back(c10::str("'param_init seed ", options.param_init()->seed(), "'"));
+  }
+  for (const auto& plan : plans) {
+    for (const auto& entry : plan.entries) {
+      lines.push_back(c10::str("'", entry.name, " ",
+                               entry.laid_out ? c10::IntArrayRef(entry.shape) : entry.param.sizes(), " ",
+                               entry.param.scalar_type(), " ", c10::DeviceTypeName(entry.param.device().type()),
+                               " in unit ", plan.label, "'"));
+      device = entry.param.device();
+    }
+  }
+  internal::check_same_on_every_rank(*s.group, lines, device,
+                                     {s.config.who, "ranks wrap different units", "line",
+                                      "Every rank must wrap the same model, with the same units and options."});
+  if (!options.sync_module_states()) {
+    fsdp::check_same_values(module, *s.group, device, s.config.who);
+    return;
+  }
+  torch::NoGradGuard no_grad;
+  for (auto& tensor : module.parameters()) {
+    s.group->broadcast(tensor.detach(), BroadcastOptions{0})->wait();
+  }
+  for (auto& tensor : module.buffers()) {
+    s.group->broadcast(tensor, BroadcastOptions{0})->wait();
+  }
+}
+
+// The buffer pool, which keeps up to four blocks of the largest unit, and
+// the reduce buffers in shared memory where the shard group reduces there.
+void size_buffers(State& s, const std::vector<UnitPlan>& plans) {
+  size_t largest = 0;
+  for (const auto& plan : plans) {
+    size_t bytes = 0;
+    for (const auto& entry : plan.entries) {
+      const size_t item = std::max({static_cast<size_t>(entry.param.element_size()),
+                                    c10::elementSize(s.config.param_dtype.value_or(entry.param.scalar_type())),
+                                    c10::elementSize(s.config.reduce_dtype.value_or(entry.param.scalar_type()))});
+      bytes += static_cast<size_t>(entry.laid_out ? entry.numel : entry.param.numel()) * item;
+    }
+    largest = std::max(largest, bytes);
+  }
+  s.config.pool = std::make_shared<fsdp::BufferPool>(4 * largest + 4096);
+  static_assert(fsdp::kSharedReduceSlots == kReductionsInFlight + 1, "see SharedReduceBuffers");
+  if (s.config.shard_group && s.config.shard_group->size() > 1 && s.config.shard_group->reduces_in_shared_memory() &&
+      !plans.empty() && plans.front().entries.front().param.device().is_cpu()) {
+    // See SharedReduceBuffers (flat_unit.h). Other backends reduce-scatter:
+    // Gloo's own reduce-scatter moves half of what an allreduce moves.
+    auto shared = std::make_shared<fsdp::SharedReduceBuffers>();
+    shared->dtype = s.config.reduce_dtype.value_or(
+        s.config.param_dtype.value_or(plans.front().entries.front().param.scalar_type()));
+    for (const auto& plan : plans) {
+      int64_t total = 0;
+      for (const auto& entry : plan.entries) {
+        total += entry.laid_out ? entry.numel : entry.param.numel();
+      }
+      const int64_t world = s.config.shard_group->size();
+      shared->numel = std::max(shared->numel, (total + world - 1) / world * world);
+    }
+    s.config.shared_reduce = std::move(shared);
+  }
+}
+
+// Names under which a unit's parameter is held a second time.
+void record_aliases(State& s, torch::nn::Module& module) {
+  for (const auto& item : module.named_parameters()) {
+    if (s.where.count(item.key()) > 0) {
+      continue;
+    }
+    for (size_t u = 0; u < s.units.size(); ++u) {
+      const auto& entries = s.units[u]->entries();
+      for (size_t e = 0; e < entries.size(); ++e) {
+        if (entries[e].param.unsafeGetTensorImpl() == item.value().unsafeGetTensorImpl()) {
+          s.where[item.key()] = {u, e};
+        }
+      }
+    }
+  }
 }
 
 } // namespace
@@ -161,230 +421,11 @@ FullyShardedDataParallelImpl::FullyShardedDataParallelImpl(
   s.group = options.process_group() ? options.process_group() : default_process_group();
   DDP_CHECK(s.group, "FullyShardedDataParallel: no process group; call ddp::init_process_group() first or "
                      "pass FullyShardedDataParallelOptions().process_group(...)");
-  const std::string who = c10::str("[rank ", s.group->rank(), "/", s.group->size(), "] FullyShardedDataParallel");
-  s.config.who = who;
-
-  // The groups of the strategy.
-  switch (options.sharding_strategy()) {
-    case ShardingStrategy::kFullShard:
-    case ShardingStrategy::kShardGradOp:
-      s.config.shard_group = s.group;
-      break;
-    case ShardingStrategy::kNoShard:
-      s.config.replicate_group = s.group;
-      break;
-    case ShardingStrategy::kHybridShard: {
-      s.config.shard_group = options.shard_group();
-      s.config.replicate_group = options.replicate_group();
-      DDP_CHECK(static_cast<bool>(s.config.shard_group) == static_cast<bool>(s.config.replicate_group), who,
-                ": kHybridShard takes both shard_group and replicate_group, or neither (got only the ",
-                s.config.shard_group ? "shard_group" : "replicate_group", ")");
-      if (!s.config.shard_group) {
-        // The launcher's ranks per node: LOCAL_WORLD_SIZE (ddprun, torchrun),
-        // Slurm's or Open MPI's own (a world of size 1 without one).
-        const int node = world_info_from_env().local_world_size;
-        const int world = s.group->size();
-        DDP_CHECK(node >= 1 && world % node == 0, who, ": kHybridShard: ", node,
-                  " ranks per node (the launcher's local world size) do not divide the world size ", world,
-                  "; pass shard_group and replicate_group");
-        DDP_CHECK(s.group == default_process_group(), who,
-                  ": kHybridShard makes its groups from the default group; pass shard_group and "
-                  "replicate_group for another group");
-        s.config.shard_group = new_subgroups(node).mine;
-        for (int position = 0; position < node; ++position) {
-          std::vector<int> across;
-          for (int r = position; r < world; r += node) {
-            across.push_back(r);
-          }
-          auto made = new_group(across);
-          if (s.group->rank() % node == position) {
-            s.config.replicate_group = made;
-          }
-        }
-      }
-      break;
-    }
-  }
-  s.config.offload_params = options.cpu_offload().offload_params();
-  s.config.param_dtype = options.mixed_precision().param_dtype();
-  s.config.reduce_dtype = options.mixed_precision().reduce_dtype();
-  // PyTorch's split of the division by the world size around the reduction
-  // (_get_gradient_predivide_factor): the larger power of two below
-  // sqrt(world) before, the rest after, so that low-precision sums neither
-  // overflow nor underflow.
-  const int world = s.group->size();
-  int factor = 1;
-  while (world % factor == 0 && world / factor > factor) {
-    factor *= 2;
-  }
-  s.config.predivide = factor;
-  s.config.postdivide = static_cast<double>(world) / factor;
-
-  // The units.
-  Claims claims(who);
-  std::vector<UnitPlan> plans;
-  const auto& policy = options.auto_wrap_policy();
-  // The FsdpUnits inside `module` (at `prefix`) as units.
-  auto add_units_inside = [&](const std::shared_ptr<torch::nn::Module>& module, const std::string& prefix) {
-    for (const auto& [path, unit] : units_inside(module, prefix)) {
-      const auto nested = units_inside(unit, path);
-      DDP_CHECK(nested.empty(), who, ": unit ", nested.empty() ? path : nested.front().first,
-                " is nested in unit ", path, "; units must not nest: wrap the inner module or the outer one");
-      const bool deferred = !unit->built();
-      if (deferred) {
-        // Built, initialised and sharded now: its full values exist only
-        // until this rank's shard is taken.
-        DDP_CHECK(options.param_init(), who, ": unit ", path,
-                  " is deferred (ddp::deferred_unit) and nothing says how to initialise it: pass "
-                  "FullyShardedDataParallelOptions().param_init(ddp::ParamInit().seed(...))");
-        unit->build();
-        seeded_init(*unit->module(), *options.param_init(), path);
-        unit->module()->to(options.param_init()->device());
-      }
-      UnitPlan plan{path, {}, unit, {}};
-      for (const auto& item : unit->named_parameters()) {
-        claims.claim(plan, join_prefix(path, item.key()), item.value());
-      }
-      if (deferred && !plan.entries.empty()) {
-        const auto& group = s.config.shard_group;
-        plan.shard = fsdp::take_shard(plan.entries, group ? group->size() : 1, group ? group->rank() : 0);
-      }
-      if (!plan.entries.empty()) {
-        plans.push_back(std::move(plan));
-      }
-    }
-  };
-  if (options.param_init()) {
-    // What is built; deferred units as they are built below.
-    seeded_init(*module_, *options.param_init());
-  }
-  if (sequential_) {
-    for (size_t i = 0; i < sequential_->size(); ++i) {
-      auto child = sequential_->ptr(i);
-      const std::string path = std::to_string(i);
-      if (policy) {
-        // The policy chooses among the children; inside those it leaves
-        // out, among the children of their Sequentials.
-        const bool holds = fsdp::auto_wrap(*child, path, policy);
-        if (holds || !policy(path, *child, fsdp::parameter_numel(*child))) {
-          s.unit_of_child.push_back(-1);
-          add_units_inside(child, path);
-          continue;
-        }
-      } else {
-        const auto nested = units_inside(child, path);
-        DDP_CHECK(nested.empty() && !std::dynamic_pointer_cast<FsdpUnitImpl>(child), who,
-                  ": the Sequential's child ", path, " holds an FsdpUnit (",
-                  nested.empty() ? path : nested.front().first,
-                  "); each child of a Sequential is a unit already: remove the FsdpUnit, or pass an "
-                  "auto_wrap_policy to choose the units");
-      }
-      UnitPlan plan{"child " + path, {}, nullptr, {}};
-      for (const auto& item : child->named_parameters()) {
-        claims.claim(plan, join_prefix(path, item.key()), item.value());
-      }
-      s.unit_of_child.push_back(plan.entries.empty() ? -1 : static_cast<int>(plans.size()));
-      if (!plan.entries.empty()) {
-        plans.push_back(std::move(plan));
-      }
-    }
-  } else {
-    if (policy) {
-      fsdp::auto_wrap(*module_, "", policy);
-    }
-    add_units_inside(module_, "");
-  }
-  {
-    // What no unit holds: the root unit. A parameter that a unit holds and
-    // another module (outside every unit) uses too is shared.
-    std::unordered_set<std::string> in_units;
-    for (const auto& plan : plans) {
-      for (const auto& entry : plan.entries) {
-        in_units.insert(entry.name);
-      }
-    }
-    UnitPlan root{"(root)", {}, nullptr, {}};
-    for (const auto& item : module_->named_parameters()) {
-      const bool inside = std::any_of(plans.begin(), plans.end(), [&](const UnitPlan& plan) {
-        return plan.unit_module && item.key().rfind(plan.label + ".", 0) == 0;
-      });
-      if (in_units.count(item.key()) > 0 || inside) {
-        continue;
-      }
-      DDP_CHECK(!claims.claimed(item.value()), who, ": parameter ", item.key(),
-                " is used outside every unit but belongs to a unit too; a parameter must belong to one unit");
-      claims.claim(root, item.key(), item.value());
-    }
-    if (!root.entries.empty()) {
-      s.root_unit = static_cast<int>(plans.size());
-      plans.push_back(std::move(root));
-    }
-  }
-
-  // Every rank must wrap the same units.
-  c10::Device device(c10::kCPU);
-  std::ostringstream description;
-  description << "strategy " << to_string(options.sharding_strategy()) << "\n";
-  if (options.param_init()) {
-    description << "param_init seed " << options.param_init()->seed() << "\n";
-  }
-  for (const auto& plan : plans) {
-    description << "unit " << plan.label << "\n";
-    for (const auto& entry : plan.entries) {
-      description << "  " << entry.name << " "
-                  << (entry.laid_out ? c10::IntArrayRef(entry.shape) : entry.param.sizes()) << " "
-                  << entry.param.scalar_type() << " " << c10::DeviceTypeName(entry.param.device().type()) << "\n";
-      device = entry.param.device();
-    }
-  }
-  const std::string mine = description.str();
-  if (s.group->size() > 1) {
-    fsdp::check_same_units(*s.group, mine, device, who);
-  }
-  if (!options.sync_module_states() && s.group->size() > 1) {
-    fsdp::check_same_values(*module_, *s.group, device, who);
-  }
-  if (options.sync_module_states() && s.group->size() > 1) {
-    torch::NoGradGuard no_grad;
-    for (auto& tensor : module_->parameters()) {
-      s.group->broadcast(tensor.detach(), BroadcastOptions{0})->wait();
-    }
-    for (auto& tensor : module_->buffers()) {
-      s.group->broadcast(tensor, BroadcastOptions{0})->wait();
-    }
-  }
-
-  // Shard. The pool keeps up to four blocks of the largest unit.
-  size_t largest = 0;
-  for (const auto& plan : plans) {
-    size_t bytes = 0;
-    for (const auto& entry : plan.entries) {
-      const size_t item = std::max({static_cast<size_t>(entry.param.element_size()),
-                                    c10::elementSize(s.config.param_dtype.value_or(entry.param.scalar_type())),
-                                    c10::elementSize(s.config.reduce_dtype.value_or(entry.param.scalar_type()))});
-      bytes += static_cast<size_t>(entry.laid_out ? entry.numel : entry.param.numel()) * item;
-    }
-    largest = std::max(largest, bytes);
-  }
-  s.config.pool = std::make_shared<fsdp::BufferPool>(4 * largest + 4096);
-  static_assert(fsdp::kSharedReduceSlots == kReductionsInFlight + 1, "see SharedReduceBuffers");
-  if (s.config.shard_group && s.config.shard_group->size() > 1 && s.config.shard_group->reduces_in_shared_memory() &&
-      !plans.empty() && plans.front().entries.front().param.device().is_cpu()) {
-    // See SharedReduceBuffers (flat_unit.h). Other backends reduce-scatter:
-    // Gloo's own reduce-scatter moves half of what an allreduce moves.
-    auto shared = std::make_shared<fsdp::SharedReduceBuffers>();
-    shared->dtype = s.config.reduce_dtype.value_or(
-        s.config.param_dtype.value_or(plans.front().entries.front().param.scalar_type()));
-    for (const auto& plan : plans) {
-      int64_t total = 0;
-      for (const auto& entry : plan.entries) {
-        total += entry.laid_out ? entry.numel : entry.param.numel();
-      }
-      const int64_t world = s.config.shard_group->size();
-      shared->numel = std::max(shared->numel, (total + world - 1) / world * world);
-    }
-    s.config.shared_reduce = std::move(shared);
-  }
+  s.config.who = c10::str("[rank ", s.group->rank(), "/", s.group->size(), "] FullyShardedDataParallel");
+  choose_groups(s, options);
+  std::vector<UnitPlan> plans = plan_units(s, options, module_, sequential_);
+  agree_across_ranks(s, plans, *module_, options);
+  size_buffers(s, plans);
   for (size_t u = 0; u < plans.size(); ++u) {
     auto& plan = plans[u];
     for (size_t e = 0; e < plan.entries.size(); ++e) {
@@ -400,20 +441,7 @@ FullyShardedDataParallelImpl::FullyShardedDataParallelImpl(
       s.unit_modules.push_back(plan.unit_module);
     }
   }
-  // Aliases: names under which a unit's parameter is held a second time.
-  for (const auto& item : module_->named_parameters()) {
-    if (s.where.count(item.key()) > 0) {
-      continue;
-    }
-    for (size_t u = 0; u < s.units.size(); ++u) {
-      const auto& entries = s.units[u]->entries();
-      for (size_t e = 0; e < entries.size(); ++e) {
-        if (entries[e].param.unsafeGetTensorImpl() == item.value().unsafeGetTensorImpl()) {
-          s.where[item.key()] = {u, e};
-        }
-      }
-    }
-  }
+  record_aliases(s, *module_);
   s.training.assign(s.units.size(), TrainingState::kIdle);
 }
 

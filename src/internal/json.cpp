@@ -1,9 +1,21 @@
+// Reading is nlohmann/json's (Debian's nlohmann-json3-dev, 3.10 or later
+// 3.x: src/internal/internal.cmake); this file is the only one that
+// includes it, which keeps its compile time (about 2 s a file) to one file
+// of the library and one of ddprun. Writing stays here: a few lines, with
+// the number format the dumps and traces have always had.
+
 #include "internal/json.h"
+
+#include <nlohmann/json.hpp>
 
 #include <cmath>
 #include <cstdio>
 #include <cstdlib>
 #include <stdexcept>
+#include <utility>
+
+static_assert(NLOHMANN_JSON_VERSION_MAJOR == 3 && NLOHMANN_JSON_VERSION_MINOR >= 10,
+              "ddp reads JSON through nlohmann/json 3.10 to 3.x");
 
 #include "internal/text_files.h"
 
@@ -11,196 +23,101 @@ namespace ddp::json {
 
 namespace {
 
-constexpr int kMaxDepth = 64; // nesting a dump never reaches; a bound for bad input
+constexpr size_t kMaxDepth = 64; // nesting a dump never reaches; a bound for bad input
 
-class Reader {
+using Library = nlohmann::json;
+
+// Builds a Value as nlohmann/json's parser reads the text (its SAX
+// interface: no intermediate document). Errors are std::runtime_error
+// "JSON: <what> at offset <N>".
+class Builder final : public nlohmann::json_sax<Library> {
  public:
-  explicit Reader(const std::string& text) : text_(text) {}
+  Value take() {
+    return std::move(result_);
+  }
 
-  Value document() {
-    Value value = read(0);
-    skip_space();
-    if (at_ != text_.size()) {
-      fail("text after the document");
+  bool null() override {
+    return add(Value());
+  }
+  bool boolean(bool value) override {
+    Value v;
+    v.kind = Value::Kind::kBool;
+    v.boolean = value;
+    return add(std::move(v));
+  }
+  bool number_integer(number_integer_t value) override {
+    return add(number_value(static_cast<double>(value)));
+  }
+  bool number_unsigned(number_unsigned_t value) override {
+    return add(number_value(static_cast<double>(value)));
+  }
+  bool number_float(number_float_t value, const string_t&) override {
+    return add(number_value(value));
+  }
+  bool string(string_t& value) override {
+    return add(string_value(value));
+  }
+  bool binary(binary_t&) override {
+    return false; // not in JSON text
+  }
+  bool start_object(std::size_t) override {
+    return open(Value::Kind::kObject);
+  }
+  bool key(string_t& name) override {
+    names_.back() = name;
+    return true;
+  }
+  bool end_object() override {
+    return close();
+  }
+  bool start_array(std::size_t) override {
+    return open(Value::Kind::kArray);
+  }
+  bool end_array() override {
+    return close();
+  }
+  bool parse_error(std::size_t position, const std::string&, const nlohmann::detail::exception& e) override {
+    // "[json.exception.parse_error.101] parse error at line 1, column 8:
+    // syntax error while parsing object - unexpected end of input; ..."
+    // without its codes and line and column: the offset says where.
+    std::string what = e.what();
+    const auto colon = what.find(": ", what.find("column"));
+    if (colon != std::string::npos) {
+      what = what.substr(colon + 2);
     }
-    return value;
+    throw std::runtime_error("JSON: " + what + " at offset " + std::to_string(position > 0 ? position - 1 : 0));
   }
 
  private:
-  [[noreturn]] void fail(const std::string& what) const {
-    throw std::runtime_error("JSON: " + what + " at offset " + std::to_string(at_));
-  }
-
-  void skip_space() {
-    while (at_ < text_.size() &&
-           (text_[at_] == ' ' || text_[at_] == '\n' || text_[at_] == '\r' || text_[at_] == '\t')) {
-      ++at_;
-    }
-  }
-
-  char peek() {
-    skip_space();
-    if (at_ >= text_.size()) {
-      fail("unexpected end");
-    }
-    return text_[at_];
-  }
-
-  void expect(char c) {
-    if (peek() != c) {
-      fail(std::string("expected '") + c + "'");
-    }
-    ++at_;
-  }
-
-  void literal(const char* word) {
-    for (const char* p = word; *p != '\0'; ++p, ++at_) {
-      if (at_ >= text_.size() || text_[at_] != *p) {
-        fail(std::string("expected ") + word);
-      }
-    }
-  }
-
-  Value read(int depth) {
-    if (depth > kMaxDepth) {
-      fail("nesting deeper than " + std::to_string(kMaxDepth));
-    }
-    Value value;
-    const char c = peek();
-    if (c == '{') {
-      value.kind = Value::Kind::kObject;
-      ++at_;
-      if (peek() == '}') {
-        ++at_;
-        return value;
-      }
-      for (;;) {
-        if (peek() != '"') {
-          fail("expected a member name");
-        }
-        std::string name = string();
-        expect(':');
-        value.members[std::move(name)] = read(depth + 1);
-        if (peek() == ',') {
-          ++at_;
-          continue;
-        }
-        expect('}');
-        return value;
-      }
-    }
-    if (c == '[') {
-      value.kind = Value::Kind::kArray;
-      ++at_;
-      if (peek() == ']') {
-        ++at_;
-        return value;
-      }
-      for (;;) {
-        value.items.push_back(read(depth + 1));
-        if (peek() == ',') {
-          ++at_;
-          continue;
-        }
-        expect(']');
-        return value;
-      }
-    }
-    if (c == '"') {
-      value.kind = Value::Kind::kString;
-      value.text = string();
-      return value;
-    }
-    if (c == 't' || c == 'f') {
-      value.kind = Value::Kind::kBool;
-      value.boolean = c == 't';
-      literal(c == 't' ? "true" : "false");
-      return value;
-    }
-    if (c == 'n') {
-      literal("null");
-      return value;
-    }
-    value.kind = Value::Kind::kNumber;
-    const char* begin = text_.c_str() + at_;
-    char* end = nullptr;
-    value.number = std::strtod(begin, &end);
-    if (end == begin) {
-      fail("expected a value");
-    }
-    at_ += static_cast<size_t>(end - begin);
-    return value;
-  }
-
-  static void append_utf8(std::string& out, unsigned code) {
-    if (code < 0x80) {
-      out += static_cast<char>(code);
-    } else if (code < 0x800) {
-      out += static_cast<char>(0xC0 | (code >> 6));
-      out += static_cast<char>(0x80 | (code & 0x3F));
+  bool add(Value value) {
+    if (open_.empty()) {
+      result_ = std::move(value);
+    } else if (open_.back().kind == Value::Kind::kArray) {
+      open_.back().items.push_back(std::move(value));
     } else {
-      out += static_cast<char>(0xE0 | (code >> 12));
-      out += static_cast<char>(0x80 | ((code >> 6) & 0x3F));
-      out += static_cast<char>(0x80 | (code & 0x3F));
+      open_.back().members[names_.back()] = std::move(value);
     }
+    return true;
+  }
+  bool open(Value::Kind kind) {
+    if (open_.size() >= kMaxDepth) {
+      throw std::runtime_error("JSON: nesting deeper than " + std::to_string(kMaxDepth));
+    }
+    open_.emplace_back();
+    open_.back().kind = kind;
+    names_.emplace_back();
+    return true;
+  }
+  bool close() {
+    Value done = std::move(open_.back());
+    open_.pop_back();
+    names_.pop_back();
+    return add(std::move(done));
   }
 
-  std::string string() {
-    expect('"');
-    std::string out;
-    while (at_ < text_.size() && text_[at_] != '"') {
-      char c = text_[at_++];
-      if (c != '\\') {
-        out += c;
-        continue;
-      }
-      if (at_ >= text_.size()) {
-        break;
-      }
-      c = text_[at_++];
-      switch (c) {
-        case 'n':
-          out += '\n';
-          break;
-        case 't':
-          out += '\t';
-          break;
-        case 'r':
-          out += '\r';
-          break;
-        case 'b':
-          out += '\b';
-          break;
-        case 'f':
-          out += '\f';
-          break;
-        case 'u': {
-          if (at_ + 4 > text_.size()) {
-            fail("a short \\u escape");
-          }
-          const std::string hex = text_.substr(at_, 4);
-          char* end = nullptr;
-          const unsigned long code = std::strtoul(hex.c_str(), &end, 16);
-          if (end != hex.c_str() + 4) {
-            fail("a bad \\u escape");
-          }
-          append_utf8(out, static_cast<unsigned>(code));
-          at_ += 4;
-          break;
-        }
-        default:
-          out += c; // \" \\ \/
-      }
-    }
-    if (at_ >= text_.size()) {
-      fail("an unterminated string");
-    }
-    ++at_;
-    return out;
-  }
-
-  const std::string& text_;
-  size_t at_ = 0;
+  Value result_;
+  std::vector<Value> open_;        // the objects and arrays being read, outermost first
+  std::vector<std::string> names_; // each open object's current member name
 };
 
 } // namespace
@@ -221,7 +138,10 @@ int64_t Value::int_or(const std::string& name, int64_t fallback) const {
 }
 
 Value parse(const std::string& text) {
-  return Reader(text).document();
+  Builder builder;
+  // Strict: text after the document is an error.
+  Library::sax_parse(text, &builder, Library::input_format_t::json, /*strict=*/true);
+  return builder.take();
 }
 
 void write(const Value& value, std::string& out) {

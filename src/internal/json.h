@@ -1,10 +1,11 @@
 #pragma once
 
-// A small JSON reader and writer (no Torch, so that ddprun uses it too):
-// what safetensors headers, the flight recorder's dumps and the timeline's
-// traces need, objects, arrays, strings, numbers, true, false and null.
-// Throws std::runtime_error naming the offset of the first thing it cannot
-// read.
+// JSON documents as ddp reads and writes them (no Torch, so that ddprun
+// uses it too): safetensors headers, the flight recorder's dumps, the
+// timeline's traces. Reading is nlohmann/json's; a Value is the small tree
+// the readers walk, so that only json.cpp includes the library. parse
+// throws std::runtime_error naming the offset of the first thing it cannot
+// read (malformed text, invalid UTF-8, nesting deeper than 64).
 
 #include <cstdint>
 #include <map>

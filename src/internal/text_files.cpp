@@ -13,9 +13,46 @@
 
 namespace ddp::internal {
 
+namespace {
+
+// The length of the valid UTF-8 sequence at text[at] (a byte of 0x80 or
+// more), or 0 when it is not one (a lone continuation byte, an overlong
+// form, a surrogate, past U+10FFFF, cut short).
+size_t utf8_sequence(const std::string& text, size_t at) {
+  const auto byte = [&](size_t i) { return i < text.size() ? static_cast<unsigned char>(text[i]) : 0u; };
+  const unsigned lead = byte(at);
+  size_t length = 0;
+  unsigned low = 0x80, high = 0xBF; // the second byte's range
+  if (lead >= 0xC2 && lead <= 0xDF) {
+    length = 2;
+  } else if (lead >= 0xE0 && lead <= 0xEF) {
+    length = 3;
+    low = lead == 0xE0 ? 0xA0 : 0x80;
+    high = lead == 0xED ? 0x9F : 0xBF;
+  } else if (lead >= 0xF0 && lead <= 0xF4) {
+    length = 4;
+    low = lead == 0xF0 ? 0x90 : 0x80;
+    high = lead == 0xF4 ? 0x8F : 0xBF;
+  } else {
+    return 0;
+  }
+  if (byte(at + 1) < low || byte(at + 1) > high) {
+    return 0;
+  }
+  for (size_t i = 2; i < length; ++i) {
+    if (byte(at + i) < 0x80 || byte(at + i) > 0xBF) {
+      return 0;
+    }
+  }
+  return length;
+}
+
+} // namespace
+
 void append_json_string(std::string& out, const std::string& text) {
   out += '"';
-  for (const unsigned char c : text) {
+  for (size_t at = 0; at < text.size(); ++at) {
+    const auto c = static_cast<unsigned char>(text[at]);
     switch (c) {
       case '"':
         out += "\\\"";
@@ -34,8 +71,16 @@ void append_json_string(std::string& out, const std::string& text) {
           char escaped[8];
           std::snprintf(escaped, sizeof(escaped), "\\u%04x", c);
           out += escaped;
-        } else {
+        } else if (c < 0x80) {
           out += static_cast<char>(c);
+        } else if (const size_t length = utf8_sequence(text, at); length > 0) {
+          out.append(text, at, length);
+          at += length - 1;
+        } else {
+          // JSON is UTF-8: a byte that is not (a message cut inside a
+          // character, Latin-1 from a system library) becomes U+FFFD, so
+          // that every reader can read the file.
+          out += "\\ufffd";
         }
     }
   }

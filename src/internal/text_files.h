@@ -9,7 +9,8 @@
 
 namespace ddp::internal {
 
-// Appends `text` to `out` as a JSON string literal, quotes included.
+// Appends `text` to `out` as a JSON string literal, quotes included; bytes
+// that are not UTF-8 become U+FFFD (JSON text is UTF-8).
 void append_json_string(std::string& out, const std::string& text);
 
 // Creates the directory `path` and its missing parents (mkdir -p). Returns ""

@@ -15,10 +15,10 @@
 #include <string>
 #include <vector>
 
-#include "flight_recorder/analyzer.h"
+#include "launch/readers/analyzer.h"
 #include "launch/options.h"
 #include "launch/supervisor.h"
-#include "timeline/trace_merge.h"
+#include "launch/readers/trace_merge.h"
 
 namespace {
 

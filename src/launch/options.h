@@ -48,7 +48,7 @@ struct LaunchOptions {
   int max_restarts = 0;
   /// --trace DIR: the ranks record a timeline there (DDP_TRACE_DIR), and
   /// ddprun merges it into DIR/trace.json and DIR/trace.svg when the job
-  /// ends (src/timeline/trace_merge.h). Default: none.
+  /// ends (src/launch/readers/trace_merge.h). Default: none.
   std::optional<std::string> trace_dir;
   /// The program and its arguments, passed to execvp unchanged. Required.
   std::vector<std::string> program;
@@ -59,7 +59,7 @@ struct CommandLine {
   /// -h or --help was given; nothing else is checked.
   bool help = false;
   /// --analyze DIR: read the flight recorder dumps in DIR and say which rank
-  /// is at fault (src/flight_recorder/analyzer.h); nothing is started, and
+  /// is at fault (src/launch/readers/analyzer.h); nothing is started, and
   /// no other option is needed.
   std::optional<std::string> analyze;
   /// --merge-trace DIR: merge the timelines that ranks started by another

@@ -74,7 +74,7 @@
 #include <vector>
 
 #include "flight_recorder/dump_directory.h"
-#include "flight_recorder/launcher_account.h"
+#include "launch/readers/launcher_account.h"
 #include "launch/child_process.h"
 #include "launch/output.h"
 #include "launch/teardown_dumps.h"

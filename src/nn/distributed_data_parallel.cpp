@@ -36,6 +36,7 @@
 #include "internal/logging.h"
 #include "nn/ddp_state.h"
 #include "comm/collective_label.h"
+#include "comm/objects/same_on_every_rank.h"
 #include "nn/state_sync.h"
 #include "reducer/reducer.h"
 #include "timeline/timeline.h"
@@ -65,46 +66,11 @@ void warn_if_reference_blas(const std::string& prefix) {
   });
 }
 
-// What every rank must agree on about one parameter.
-struct ParameterSignature {
-  std::string name;
-  std::string dtype;
-  std::string shape;
-  std::string gradient; // "sparse" or "dense"
-
-  bool operator==(const ParameterSignature& other) const {
-    return name == other.name && dtype == other.dtype && shape == other.shape &&
-        gradient == other.gradient;
-  }
-  std::string describe() const {
-    return c10::str("'", name, "' with shape ", shape, " and dtype ", dtype,
-                    gradient == "sparse" ? " and a sparse gradient" : "");
-  }
-};
-
-// One line per parameter: name, dtype, shape, gradient separated by tabs.
-std::string encode(const std::vector<std::string>& names, const std::vector<at::Tensor>& tensors,
-                   const std::vector<bool>& sparse_gradients) {
-  std::ostringstream out;
-  for (size_t i = 0; i < names.size(); ++i) {
-    out << names[i] << '\t' << tensors[i].scalar_type() << '\t' << tensors[i].sizes() << '\t'
-        << (sparse_gradients[i] ? "sparse" : "dense") << '\n';
-  }
-  return out.str();
-}
-
-std::vector<ParameterSignature> decode(const std::string& text) {
-  std::vector<ParameterSignature> result;
-  std::istringstream in(text);
-  std::string line;
-  while (std::getline(in, line)) {
-    const auto a = line.find('\t');
-    const auto b = line.find('\t', a + 1);
-    const auto c = line.find('\t', b + 1);
-    result.push_back({line.substr(0, a), line.substr(a + 1, b - a - 1),
-                      line.substr(b + 1, c - b - 1), line.substr(c + 1)});
-  }
-  return result;
+// What every rank must agree on about one parameter: "'0.weight' with shape
+// [16, 8] and dtype Float".
+std::string describe_parameter(const std::string& name, const at::Tensor& tensor, bool sparse_gradient) {
+  return c10::str("'", name, "' with shape ", tensor.sizes(), " and dtype ", tensor.scalar_type(),
+                  sparse_gradient ? " and a sparse gradient" : "");
 }
 
 // The weights whose gradients are sparse: those of the Embedding and
@@ -133,42 +99,19 @@ std::unordered_set<const void*> sparse_gradient_weights(torch::nn::Module& modul
   return weights;
 }
 
-// Every rank learns every rank's parameter list; if any differs from rank
-// 0's, every rank raises the same error naming the first difference.
+// Every rank's parameter list is rank 0's, or every rank raises the same
+// error naming the first difference.
 void verify_same_parameters(ProcessGroup& group, const std::vector<std::string>& names,
                             const std::vector<at::Tensor>& tensors,
                             const std::vector<bool>& sparse_gradients, c10::Device device) {
-  const auto all =
-      internal::allgather_strings(group, encode(names, tensors, sparse_gradients), device);
-  const auto reference = decode(all[0]);
-  for (int r = 1; r < group.size(); ++r) {
-    const auto theirs = decode(all[r]);
-    if (theirs == reference) {
-      continue;
-    }
-    size_t k = 0;
-    while (k < theirs.size() && k < reference.size() && theirs[k] == reference[k]) {
-      ++k;
-    }
-    std::string difference;
-    if (k < theirs.size() && k < reference.size()) {
-      difference = c10::str("parameter ", k, " is ", theirs[k].describe(), " on rank ", r,
-                            " but ", reference[k].describe(), " on rank 0");
-    } else if (k < reference.size()) {
-      difference = c10::str("rank ", r, " has ", theirs.size(), " parameters and rank 0 has ",
-                            reference.size(), "; rank 0's parameter ", k, " is ",
-                            reference[k].describe());
-    } else {
-      difference = c10::str("rank ", r, " has ", theirs.size(), " parameters and rank 0 has ",
-                            reference.size(), "; rank ", r, "'s parameter ", k, " is ",
-                            theirs[k].describe());
-    }
-    internal::throw_check_error(
-        __func__, __FILE__, __LINE__,
-        c10::str(who(group), ": the model differs across ranks: ", difference,
-                 ". Every rank must wrap the same model: same parameters, in the same order, "
-                 "with the same shapes and dtypes."));
+  std::vector<std::string> lines;
+  for (size_t i = 0; i < names.size(); ++i) {
+    lines.push_back(describe_parameter(names[i], tensors[i], sparse_gradients[i]));
   }
+  internal::check_same_on_every_rank(group, lines, device,
+                                     {who(group), "the model differs across ranks", "parameter",
+                                      "Every rank must wrap the same model: same parameters, in the same "
+                                      "order, with the same shapes and dtypes."});
 }
 
 size_t mebibytes_to_bytes(double mb) {
@@ -474,7 +417,7 @@ void DistributedDataParallelImpl::register_bucket_reduced_hook(
     BucketReducedHook hook, std::function<int(const at::Tensor&)> gradient_owner) {
   DDP_CHECK(state_->join == nullptr, who(*state_->group),
             " register_bucket_reduced_hook: not while a ddp::Join is live");
-  state_->reducer->set_bucket_reduced_hook(std::move(hook), std::move(gradient_owner));
+  state_->reducer->set_bucket_consumer({std::move(hook), std::move(gradient_owner)});
 }
 
 IterationInsight DistributedDataParallelImpl::last_iteration_insight() const {

@@ -83,7 +83,7 @@ Join::Join(DistributedDataParallel& model)
     : model_(model), uncaught_at_start_(std::uncaught_exceptions()) {
   DDP_CHECK(model_->state_->join == nullptr,
             "ddp::Join: this DistributedDataParallel already has a live Join");
-  DDP_CHECK(!model_->state_->reducer->has_bucket_reduced_hook(),
+  DDP_CHECK(!model_->state_->reducer->has_bucket_consumer(),
             "ddp::Join: this DistributedDataParallel runs a ZeroRedundancyOptimizer's steps during "
             "backward (overlap_with_ddp), which a joined rank cannot shadow; use the optimizer "
             "without overlap_with_ddp under Join");

@@ -1,19 +1,10 @@
-# DistributedDataParallel, its Reducer and bucket assignment, Join,
-# communication hooks (src/comm_hooks/) and checkpoints.
+# DistributedDataParallel, Join, SyncBatchNorm, activation checkpointing
+# and checkpoints. Its Reducer (src/reducer/) and communication hooks
+# (src/comm_hooks/) are parts of their own, which use this part's
+# precompiled header.
 ddp_add_part(ddp_nn
-  src/reducer/bucket_assignment.cpp
-  src/reducer/reducer.cpp
-  src/reducer/reducer_finalize.cpp
-  src/reducer/reducer_insight.cpp
-  src/reducer/sparse_gradients.cpp
-  src/reducer/static_graph.cpp
   src/nn/state_sync.cpp
   src/nn/distributed_data_parallel.cpp
-  src/comm_hooks/comm_hooks.cpp
-  src/comm_hooks/powersgd_state.cpp
-  src/comm_hooks/powersgd_hook.cpp
-  src/comm_hooks/batched_powersgd_hook.cpp
-  src/comm_hooks/post_local_sgd_hook.cpp
   src/nn/join.cpp
   src/nn/checkpoint_files.cpp
   src/nn/checkpoint.cpp

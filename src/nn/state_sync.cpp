@@ -15,7 +15,6 @@
 
 #include <ATen/ATen.h>
 
-#include <cstring>
 #include <map>
 #include <tuple>
 
@@ -49,49 +48,6 @@ void broadcast_coalesced(ProcessGroup& group, const std::vector<at::Tensor>& ten
       offset += t.numel();
     }
   }
-}
-
-std::vector<std::string> allgather_strings(ProcessGroup& group, const std::string& mine,
-                                           c10::Device device) {
-  const int size = group.size();
-  if (size == 1) {
-    return {mine};
-  }
-  const auto long_options = at::TensorOptions(at::kLong).device(device);
-  auto length = at::full({1}, static_cast<int64_t>(mine.size()), long_options);
-  std::vector<at::Tensor> lengths;
-  for (int r = 0; r < size; ++r) {
-    lengths.push_back(at::empty({1}, long_options));
-  }
-  group.allgather(lengths, length)->wait();
-  for (auto& l : lengths) {
-    l = l.cpu();
-  }
-  int64_t longest = 0;
-  for (const auto& l : lengths) {
-    longest = std::max(longest, l.item<int64_t>());
-  }
-  auto bytes = at::zeros({longest}, at::kByte);
-  if (!mine.empty()) {
-    std::memcpy(bytes.data_ptr(), mine.data(), mine.size());
-  }
-  bytes = bytes.to(device);
-  std::vector<at::Tensor> all;
-  for (int r = 0; r < size; ++r) {
-    all.push_back(at::empty({longest}, at::TensorOptions(at::kByte).device(device)));
-  }
-  group.allgather(all, bytes)->wait();
-  for (auto& a : all) {
-    a = a.cpu();
-  }
-  std::vector<std::string> result;
-  for (int r = 0; r < size; ++r) {
-    const auto length_r = static_cast<size_t>(lengths[r].item<int64_t>());
-    result.emplace_back(length_r == 0 ? std::string()
-                                      : std::string(static_cast<const char*>(all[r].data_ptr()),
-                                                    length_r));
-  }
-  return result;
 }
 
 } // namespace ddp::internal

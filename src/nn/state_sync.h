@@ -2,11 +2,11 @@
 
 // Collectives on whole model states (private header): used by
 // DistributedDataParallel's construction, its buffer broadcast, Join's final
-// synchronisation and the debugging aids.
+// synchronisation and the debugging aids. Comparing what ranks built is
+// comm/objects/same_on_every_rank.h.
 
 #include <ATen/core/Tensor.h>
 
-#include <string>
 #include <vector>
 
 #include <ddp/comm/process_group.h>
@@ -29,10 +29,5 @@ enum class VersionCounters {
 // every rank issues the same collectives. No-op in a world of size 1.
 void broadcast_coalesced(ProcessGroup& group, const std::vector<at::Tensor>& tensors, int root,
                          VersionCounters versions = VersionCounters::kBump);
-
-// Every rank's `mine`, indexed by rank. The bytes travel in tensors on
-// `device` (NCCL moves device tensors only).
-std::vector<std::string> allgather_strings(ProcessGroup& group, const std::string& mine,
-                                           c10::Device device);
 
 } // namespace ddp::internal

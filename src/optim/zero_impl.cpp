@@ -4,6 +4,8 @@
 
 #include "optim/zero_impl.h"
 
+#include "comm/objects/same_on_every_rank.h"
+
 namespace ddp::optim {
 
 int ZeroRedundancyOptimizerBase::Impl::owner_by_name(const std::string& name) const {
@@ -76,42 +78,21 @@ void ZeroRedundancyOptimizerBase::Impl::check_parameters(const std::vector<Optim
 }
 
 void ZeroRedundancyOptimizerBase::Impl::check_same_on_every_rank(const std::vector<OptimizerParamGroup>& groups) {
-  std::string text;
-  int64_t params = 0;
-  int64_t elements = 0;
-  for (const auto& g : groups) {
-    text += c10::str("group ", g.params().size(), ";");
-    for (const auto& p : g.params()) {
-      text += c10::str(p.scalar_type(), p.sizes(), ";");
-      ++params;
-      elements += p.numel();
+  // One line per parameter (and per empty group, which shifts the owners
+  // of the groups after it just the same).
+  std::vector<std::string> lines;
+  for (size_t g = 0; g < groups.size(); ++g) {
+    if (groups[g].params().empty()) {
+      lines.push_back(c10::str("(group ", g, ", empty)"));
+    }
+    for (const auto& p : groups[g].params()) {
+      lines.push_back(c10::str(p.scalar_type(), " ", p.sizes(), " in group ", g));
     }
   }
-  const int size = group->size();
-  const auto options = at::TensorOptions(at::kLong).device(device);
-  auto mine = at::tensor({static_cast<int64_t>(detail::fnv1a(text)), static_cast<int64_t>(groups.size()),
-                          params, elements},
-                         at::kLong)
-                  .to(device);
-  std::vector<at::Tensor> all;
-  for (int r = 0; r < size; ++r) {
-    all.push_back(at::empty({4}, options));
-  }
-  group->allgather(all, mine)->wait();
-  const auto own = mine.cpu();
-  std::string differing;
-  for (int r = 0; r < size; ++r) {
-    const auto theirs = all[static_cast<size_t>(r)].cpu();
-    if (!at::equal(theirs, own)) {
-      const auto* v = theirs.data_ptr<int64_t>();
-      differing += c10::str("; rank ", r, " has ", v[1], " group(s), ", v[2], " parameters, ", v[3],
-                            " elements");
-    }
-  }
-  DDP_CHECK(differing.empty(), who(""), ": the parameters differ across ranks: this rank has ",
-            groups.size(), " group(s), ", params, " parameters, ", elements, " elements", differing,
-            " (equal counts mean different shapes, dtypes or order). Construct it over the same "
-            "parameters, in the same groups and order, on every rank");
+  internal::check_same_on_every_rank(*group, lines, device,
+                                     {who(""), "the parameters differ across ranks", "parameter",
+                                      "Construct it over the same parameters, in the same groups and order, "
+                                      "on every rank."});
 }
 
 void ZeroRedundancyOptimizerBase::Impl::build_buckets(const std::vector<OptimizerParamGroup>& groups) {

@@ -22,7 +22,6 @@
 
 #include "comm/collective_label.h"
 #include "internal/check.h"
-#include "internal/hash.h"
 #include "internal/torch_compat.h"
 
 namespace ddp::optim {
@@ -50,8 +49,6 @@ struct Bucket {
 
 // The key of `param` in an optimizer's state map (torch_compat.h).
 using internal::state_key;
-
-using internal::fnv1a; // the description of the parameters that ranks compare
 
 } // namespace detail
 

@@ -220,7 +220,7 @@ void Reducer::allocate_bucket(Bucket& bucket, bool collective) {
   const auto options = parameters_[bucket.variable_indices.front()].options().requires_grad(false);
   bucket.buffer = collective ? group_->allocate_collective_buffer(bucket.numel, options)
                              : at::empty({bucket.numel}, options);
-  // Where each variable goes: in bucket order, or grouped by gradient owner
+  // Where each variable goes: in bucket order, or grouped by keeper
   // (Note [Released buckets]).
   const size_t n = bucket.variable_indices.size();
   std::vector<int64_t> offsets(n);
@@ -228,12 +228,12 @@ void Reducer::allocate_bucket(Bucket& bucket, bool collective) {
   for (size_t k = 0; k < n; ++k) {
     order[k] = k;
   }
-  if (gradient_owner_) {
-    std::vector<int> owner(n);
+  if (consumer_.keeper) {
+    std::vector<int> keeper(n);
     for (size_t k = 0; k < n; ++k) {
-      owner[k] = gradient_owner_(parameters_[bucket.variable_indices[k]]);
+      keeper[k] = consumer_.keeper(parameters_[bucket.variable_indices[k]]);
     }
-    std::stable_sort(order.begin(), order.end(), [&](size_t a, size_t b) { return owner[a] < owner[b]; });
+    std::stable_sort(order.begin(), order.end(), [&](size_t a, size_t b) { return keeper[a] < keeper[b]; });
   }
   int64_t offset = 0;
   for (const size_t k : order) {
@@ -535,7 +535,7 @@ void Reducer::mark_variable_ready(size_t index) {
     } else {
       copy_into_view(grad, view);
       if (release) {
-        // In its bucket now; the owner gets the reduced one back at write-back.
+        // In its bucket now; the keeper gets the reduced one back at write-back.
         const_cast<at::Tensor&>(param).mutable_grad() = at::Tensor();
       } else if (config_.gradient_as_bucket_view && !release) {
         const_cast<at::Tensor&>(param).mutable_grad() = view;

@@ -81,21 +81,32 @@ class Reducer {
 
   void set_comm_hook(CommHook hook);
 
-  // Called once per bucket of every synchronised backward, after the
-  // bucket's reduced gradients are in the parameters' `.grad`, in bucket
-  // order on every rank, on the autograd engine thread (during backward or
-  // in its final callback): see Note [Bucket reduced hook] in
-  // reducer_finalize.cpp. Not called for the buckets a joined rank shadows.
+  // The reducer's one extension point for what consumes each bucket as
+  // soon as it is reduced (an optimizer stepping during backward: the one
+  // in the tree is src/optim/zero_overlap.cpp). The reducer knows nothing
+  // of what the consumer does; it calls it and, if asked, keeps fewer
+  // gradients.
   using BucketReducedHook =
       std::function<void(size_t bucket_index, const std::vector<at::Tensor>& parameters)>;
-  // `gradient_owner`, when set, names per parameter the one rank that keeps
-  // its reduced gradient (-1: all): every `.grad` is dropped once copied into
-  // its bucket, and only the owner gets the reduced one back (ZeRO stage 2).
-  // The buckets are then laid out by owner and released between uses: Note
-  // [Released buckets] in reducer_finalize.cpp.
-  void set_bucket_reduced_hook(BucketReducedHook hook,
-                               std::function<int(const at::Tensor&)> gradient_owner = nullptr);
-  bool has_bucket_reduced_hook() const;
+  struct BucketConsumer {
+    // Called once per bucket of every synchronised backward, after the
+    // bucket's reduced gradients are in the parameters' `.grad`, in bucket
+    // order on every rank, on the autograd engine thread (during backward
+    // or in its final callback): see Note [Bucket reduced hook] in
+    // reducer_finalize.cpp. Not called for the buckets a joined rank
+    // shadows.
+    BucketReducedHook on_reduced;
+    // When set, names per parameter the one rank that keeps its reduced
+    // gradient (-1: every rank): the gradients are sharded. Every `.grad`
+    // is then dropped once copied into its bucket, only the keeper gets
+    // the reduced one back, and the buckets are laid out by keeper and
+    // released between uses: Note [Released buckets] in
+    // reducer_finalize.cpp.
+    std::function<int(const at::Tensor&)> keeper;
+  };
+  // Between iterations only. An empty consumer removes the one set.
+  void set_bucket_consumer(BucketConsumer consumer);
+  bool has_bucket_consumer() const;
 
   // DDP's forward entered (kForwardStart) or returned (kForwardEnd), for
   // the insight figures.
@@ -178,7 +189,8 @@ class Reducer {
   // Whether dense buckets are released after they are written back and
   // allocated again at their first gradient: Note [Released buckets].
   bool releases_buckets() const;
-  // Whether this rank keeps `param`'s reduced gradient (gradient_owner_).
+  // Whether this rank keeps `param`'s reduced gradient (the consumer's
+  // keeper).
   bool keeps_gradient(const at::Tensor& param) const;
   void release_bucket(Bucket& bucket);
   void rebuild_buckets_if_due();
@@ -201,8 +213,7 @@ class Reducer {
 
   mutable std::mutex mutex_;
   CommHook comm_hook_;                    // guarded by mutex_
-  BucketReducedHook bucket_reduced_hook_; // guarded by mutex_
-  std::function<int(const at::Tensor&)> gradient_owner_; // guarded by mutex_
+  BucketConsumer consumer_;               // guarded by mutex_
   size_t next_finished_ = 0;              // buckets finished this iteration; guarded by mutex_
   // Buckets launched and not yet finished that may remain when the next is
   // launched, with a bucket reduced hook: Note [Bucket reduced hook].

@@ -4,28 +4,29 @@
 // PyTorch's finalize_backward).
 //
 // Note [Bucket reduced hook]
-// A bucket reduced hook (ZeroRedundancyOptimizer's overlap with backward)
-// runs after each bucket is written back. With one registered, and when no
+// A bucket reduced hook (the BucketConsumer's on_reduced: an optimizer
+// stepping during backward) runs after each bucket is written back. With one registered, and when no
 // usage map has to be reduced first (find_unused_parameters off, or a
 // static graph past its first iteration), bucket b - 2 is finished just
 // before bucket b is launched (kUnfinishedAtLaunch buckets stay in flight),
-// during backward: the hook's own collectives (the owners' broadcasts) then
+// during backward: the hook's own collectives (an optimizer's broadcasts of
+// what it stepped) then
 // come between the gradient allreduces at the same place on every rank,
 // whatever the timing, and the work they start runs while backward computes
 // bucket b. The cost is that backward waits there for bucket b - 2's
 // reduction, which has had the time that buckets b - 1 and b took to fill
-// (with a wait for bucket b - 1 instead, Gloo's overlapped ZeRO step measured
-// 1.16x DDP's; with b - 2, about 1.0x: docs/benchmarks.md). The remaining
+// (with a wait for bucket b - 1 instead, Gloo's overlapped sharded optimizer
+// step measured 1.16x DDP's; with b - 2, about 1.0x: docs/benchmarks.md). The remaining
 // buckets are finished in the final callback, as without a hook.
 //
 // Note [Released buckets]
-// With a gradient owner per parameter (ZeRO stage 2: a rank keeps only the
-// reduced gradients of the parameters it owns), a dense bucket holds memory only
+// With a keeper per parameter (sharded gradients: a rank keeps only the
+// reduced gradients of the parameters it keeps), a dense bucket holds memory only
 // while it is in use: from the first gradient copied into it in a backward
 // until it is written back, when its buffer and views are dropped; the next
 // backward allocates it again (at::empty: every element is written before
-// the bucket is launched), its gradients grouped by owner in rank order, so
-// that each owner's are one contiguous range that a reduce-scatter can send
+// the bucket is launched), its gradients grouped by keeper in rank order, so
+// that each keeper's are one contiguous range that a reduce-scatter can send
 // without a copy. Every parameter loses its `.grad` as soon as the gradient
 // is copied into the bucket (the bucket holds it now), and one this rank
 // keeps gets its reduced gradient back at write-back as a tensor of its own,
@@ -35,7 +36,8 @@
 // being filled or reduced; without it, every bucket stays allocated, the
 // size of all the gradients again. The buffers are plain tensors, not the
 // group's allocate_collective_buffer, whose shared memory serves only the
-// built-in allreduce that stage 2 does not use.
+// built-in allreduce, which sharded gradients do not use (the consumer's
+// comm hook reduce-scatters).
 
 #include "reducer/reducer.h"
 
@@ -55,13 +57,11 @@ double ms_since(Clock::time_point from) {
 }
 } // namespace
 
-void Reducer::set_bucket_reduced_hook(BucketReducedHook hook,
-                                      std::function<int(const at::Tensor&)> gradient_owner) {
+void Reducer::set_bucket_consumer(BucketConsumer consumer) {
   std::lock_guard<std::mutex> lock(mutex_);
   DDP_CHECK(state_ == State::kIdle, who(),
             ": a bucket reduced hook can only be set between iterations, not during backward");
-  bucket_reduced_hook_ = std::move(hook);
-  gradient_owner_ = std::move(gradient_owner);
+  consumer_ = std::move(consumer);
   if (releases_buckets()) {
     for (auto& bucket : buckets_) {
       release_bucket(bucket);
@@ -70,12 +70,12 @@ void Reducer::set_bucket_reduced_hook(BucketReducedHook hook,
 }
 
 bool Reducer::releases_buckets() const {
-  return static_cast<bool>(gradient_owner_);
+  return static_cast<bool>(consumer_.keeper);
 }
 
 bool Reducer::keeps_gradient(const at::Tensor& param) const {
-  const int owner = gradient_owner_(param);
-  return owner < 0 || owner == group_->rank();
+  const int keeper = consumer_.keeper(param);
+  return keeper < 0 || keeper == group_->rank();
 }
 
 void Reducer::release_bucket(Bucket& bucket) {
@@ -85,13 +85,13 @@ void Reducer::release_bucket(Bucket& bucket) {
   }
 }
 
-bool Reducer::has_bucket_reduced_hook() const {
+bool Reducer::has_bucket_consumer() const {
   std::lock_guard<std::mutex> lock(mutex_);
-  return static_cast<bool>(bucket_reduced_hook_);
+  return static_cast<bool>(consumer_.on_reduced);
 }
 
 bool Reducer::finishes_early() const {
-  return bucket_reduced_hook_ && !reduces_usage() && !shadowing_;
+  return consumer_.on_reduced && !reduces_usage() && !shadowing_;
 }
 
 double Reducer::wait_for_bucket(size_t b) {
@@ -150,13 +150,13 @@ void Reducer::write_back_bucket(size_t b, const at::Tensor& usage) {
     bucket.work.reset();
     release_bucket(bucket);
   }
-  if (bucket_reduced_hook_ && !shadowing_) {
+  if (consumer_.on_reduced && !shadowing_) {
     std::vector<at::Tensor> parameters;
     parameters.reserve(bucket.variable_indices.size());
     for (const size_t index : bucket.variable_indices) {
       parameters.push_back(parameters_[index]);
     }
-    bucket_reduced_hook_(b, parameters);
+    consumer_.on_reduced(b, parameters);
   }
 }
 

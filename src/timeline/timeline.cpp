@@ -3,7 +3,7 @@
 // writes them, when the program exits, as a Chrome Trace Event Format file,
 // <DDP_TRACE_DIR>/trace_rank_<R>.json, which Perfetto and chrome://tracing
 // open; `ddprun --trace DIR` also merges the ranks' files into one, with a
-// picture (src/timeline/trace_merge.cpp).
+// picture (src/launch/readers/trace_merge.cpp).
 //
 // A step begins at each DistributedDataParallel or FullyShardedDataParallel
 // forward with gradients.
@@ -19,8 +19,10 @@
 //   one track per process group, "collectives: <group> (<backend>)": each
 //                collective from its start to its completion, with its
 //                sequence number, shape and time in the queue. These come
-//                from the flight recorder (flight_recorder.cpp), which
-//                DDP_FLIGHT_RECORDER_SIZE=0 turns off, and them with it.
+//                from the flight recorder, as its listener
+//                (comm/recorder_outputs.cpp joins the two, which know
+//                nothing of each other); DDP_FLIGHT_RECORDER_SIZE=0 turns
+//                the recorder off, and them with it.
 // The DDP events are the ones last_iteration_insight() is computed from, so
 // the trace and the insight agree.
 //

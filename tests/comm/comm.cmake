@@ -8,6 +8,10 @@ ddp_add_gtest(process_group_composite_test SOURCES comm/process_group_composite_
 # The fingerprint checks' pure logic: the hash check's verdict, and how a
 # difference is explained through the store (src/comm/fingerprint.h).
 ddp_add_gtest(fingerprint_test SOURCES comm/fingerprint_test.cpp LIBS ddp_testing LABELS unit TIMEOUT 60)
+# The message of the check that every rank built the same thing, which DDP,
+# ZeRO and FSDP share (src/comm/objects/same_on_every_rank.h).
+ddp_add_gtest(same_on_every_rank_test SOURCES comm/same_on_every_rank_test.cpp LIBS ddp_testing LABELS unit
+  TIMEOUT 60)
 
 # The collective sweep's checks, one source that every backend's test runs
 # (comm/collective_sweep.h).

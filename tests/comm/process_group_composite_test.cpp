@@ -11,69 +11,13 @@
 #include <ddp/comm/process_group_composite.h>
 
 #include "testing/errors.h"
+#include "testing/fake_process_group.h"
 #include "testing/multi_rank.h"
 
 namespace ddp {
 namespace {
 
-// Completes every operation at once and records its name.
-class RecordingGroup : public ProcessGroup {
- public:
-  RecordingGroup(int rank, int size) : ProcessGroup(rank, size, std::chrono::seconds(30)) {}
-  std::string backend_name() const override {
-    return "fake";
-  }
-  std::vector<std::string> calls;
-
-  std::shared_ptr<Work> allreduce(const at::Tensor&, const AllreduceOptions&) override {
-    return done("allreduce");
-  }
-  std::shared_ptr<Work> allreduce_coalesced(const std::vector<at::Tensor>&, const AllreduceOptions&) override {
-    return done("allreduce_coalesced");
-  }
-  std::shared_ptr<Work> broadcast(const at::Tensor&, const BroadcastOptions&) override {
-    return done("broadcast");
-  }
-  std::shared_ptr<Work> reduce(const at::Tensor&, const ReduceOptions&) override {
-    return done("reduce");
-  }
-  std::shared_ptr<Work> allgather(const std::vector<at::Tensor>&, const at::Tensor&,
-                                  const AllgatherOptions&) override {
-    return done("allgather");
-  }
-  std::shared_ptr<Work> allgather_into_tensor(const at::Tensor&, const at::Tensor&,
-                                              const AllgatherOptions&) override {
-    return done("allgather_into_tensor");
-  }
-  std::shared_ptr<Work> gather(const std::vector<at::Tensor>&, const at::Tensor&, const GatherOptions&) override {
-    return done("gather");
-  }
-  std::shared_ptr<Work> scatter(const at::Tensor&, const std::vector<at::Tensor>&, const ScatterOptions&) override {
-    return done("scatter");
-  }
-  std::shared_ptr<Work> reduce_scatter(const at::Tensor&, const std::vector<at::Tensor>&,
-                                       const ReduceScatterOptions&) override {
-    return done("reduce_scatter");
-  }
-  std::shared_ptr<Work> alltoall(const at::Tensor&, const at::Tensor&, const AlltoallOptions&) override {
-    return done("alltoall");
-  }
-  std::shared_ptr<Work> barrier(const BarrierOptions&) override {
-    return done("barrier");
-  }
-  std::shared_ptr<Work> send(const at::Tensor&, int, const PointToPointOptions&) override {
-    return done("send");
-  }
-  std::shared_ptr<Work> recv(const at::Tensor&, int, const PointToPointOptions&) override {
-    return done("recv");
-  }
-
- private:
-  std::shared_ptr<Work> done(const std::string& name) {
-    calls.push_back(name);
-    return Work::completed({});
-  }
-};
+using RecordingGroup = testing::FakeProcessGroup; // records every operation
 
 struct Pair {
   std::shared_ptr<CompositeProcessGroup> group;

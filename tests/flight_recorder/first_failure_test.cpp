@@ -1,4 +1,4 @@
-// `ddprun --analyze`'s "first failure" line (src/flight_recorder/analyzer.cpp)
+// `ddprun --analyze`'s "first failure" line (src/launch/readers/analyzer.cpp)
 // from dumps written here by hand: the ranks' errors alone (the store's
 // record of the first failure, or else the one rank their "lost connection"
 // arrows end at), and ddprun's account (launcher.json) beside them.
@@ -13,8 +13,8 @@
 #include <string>
 #include <vector>
 
-#include "flight_recorder/analyzer.h"
-#include "flight_recorder/launcher_account.h"
+#include "launch/readers/analyzer.h"
+#include "launch/readers/launcher_account.h"
 
 namespace ddp::flight_recorder {
 namespace {

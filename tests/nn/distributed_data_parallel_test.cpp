@@ -21,6 +21,7 @@
 #include "nn/closed_form.h"
 
 #include "testing/errors.h"
+#include "testing/fake_process_group.h"
 
 namespace ddp {
 namespace {
@@ -110,57 +111,10 @@ TEST_F(DistributedDataParallelTest, WorldOfOneTrainsLikeThePlainModule) {
 
 // ---- Sparse gradients: which groups can reduce them, asked at construction
 
-// A backend that declares no sparse allreduce, as NCCL and MPI: a world of
-// one whose operations complete at once.
-class DenseOnlyGroup : public ProcessGroup {
- public:
-  DenseOnlyGroup() : ProcessGroup(0, 1, std::chrono::seconds(30)) {}
-  std::string backend_name() const override {
-    return "fake";
-  }
-  std::shared_ptr<Work> allreduce(const at::Tensor& t, const AllreduceOptions&) override {
-    return Work::completed({t});
-  }
-  std::shared_ptr<Work> allreduce_coalesced(const std::vector<at::Tensor>& t, const AllreduceOptions&) override {
-    return Work::completed(t);
-  }
-  std::shared_ptr<Work> broadcast(const at::Tensor& t, const BroadcastOptions&) override {
-    return Work::completed({t});
-  }
-  std::shared_ptr<Work> reduce(const at::Tensor& t, const ReduceOptions&) override {
-    return Work::completed({t});
-  }
-  std::shared_ptr<Work> allgather(const std::vector<at::Tensor>& o, const at::Tensor&,
-                                  const AllgatherOptions&) override {
-    return Work::completed(o);
-  }
-  std::shared_ptr<Work> allgather_into_tensor(const at::Tensor& o, const at::Tensor&,
-                                              const AllgatherOptions&) override {
-    return Work::completed({o});
-  }
-  std::shared_ptr<Work> gather(const std::vector<at::Tensor>& o, const at::Tensor&, const GatherOptions&) override {
-    return Work::completed(o);
-  }
-  std::shared_ptr<Work> scatter(const at::Tensor& o, const std::vector<at::Tensor>&, const ScatterOptions&) override {
-    return Work::completed({o});
-  }
-  std::shared_ptr<Work> reduce_scatter(const at::Tensor& o, const std::vector<at::Tensor>&,
-                                       const ReduceScatterOptions&) override {
-    return Work::completed({o});
-  }
-  std::shared_ptr<Work> alltoall(const at::Tensor& o, const at::Tensor&, const AlltoallOptions&) override {
-    return Work::completed({o});
-  }
-  std::shared_ptr<Work> barrier(const BarrierOptions&) override {
-    return Work::completed({});
-  }
-  std::shared_ptr<Work> send(const at::Tensor& t, int, const PointToPointOptions&) override {
-    return Work::completed({t});
-  }
-  std::shared_ptr<Work> recv(const at::Tensor& t, int, const PointToPointOptions&) override {
-    return Work::completed({t});
-  }
-};
+// A backend that declares no sparse allreduce, as NCCL and MPI
+// (testing/fake_process_group.h): a world of one whose operations complete
+// at once.
+using DenseOnlyGroup = testing::FakeProcessGroup;
 
 // As NCCL would: refused when the wrapper is built, naming the parameter
 // and the backend, not in backward.

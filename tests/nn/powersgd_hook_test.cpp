@@ -15,6 +15,7 @@
 #include <ddp/ddp.h>
 
 #include "testing/errors.h"
+#include "testing/fake_process_group.h"
 
 namespace ddp {
 namespace {
@@ -22,80 +23,15 @@ namespace {
 using comm_hooks::PowerSGDOptions;
 using comm_hooks::PowerSGDState;
 
-// A group of `size` ranks that all hold this rank's tensors: allreduce
-// multiplies by the size and completes at once. It records the element count
-// of every allreduce, and fails the one numbered `fail_at` (from 0).
-class MirrorGroup : public ProcessGroup {
- public:
-  explicit MirrorGroup(int size, int fail_at = -1)
-      : ProcessGroup(0, size, std::chrono::seconds(30)), fail_at_(fail_at) {}
-  std::string backend_name() const override {
-    return "fake";
+// A group of `size` ranks that all hold this rank's tensors (allreduce
+// multiplies by the size), of which PowerSGD may ask only allreduces; the
+// one numbered `fail_at` (from 0) fails.
+struct MirrorGroup : testing::FakeProcessGroup {
+  explicit MirrorGroup(int size, int fail_at = -1) : FakeProcessGroup(0, size) {
+    mirror = true;
+    fail_allreduce_at = fail_at;
+    expected_ops = {"allreduce"};
   }
-  std::vector<int64_t> allreduce_numels;
-
-  std::shared_ptr<Work> allreduce(const at::Tensor& tensor, const AllreduceOptions&) override {
-    const int number = static_cast<int>(allreduce_numels.size());
-    allreduce_numels.push_back(tensor.numel());
-    if (number == fail_at_) {
-      auto work = Work::create("[rank 0/" + std::to_string(size()) + "] allreduce #" +
-                               std::to_string(number));
-      work->set_error(std::make_exception_ptr(std::runtime_error("lost connection to rank 1")));
-      return work;
-    }
-    tensor.mul_(size());
-    return Work::completed({tensor});
-  }
-  std::shared_ptr<Work> allreduce_coalesced(const std::vector<at::Tensor>&,
-                                            const AllreduceOptions&) override {
-    return unused();
-  }
-  std::shared_ptr<Work> broadcast(const at::Tensor&, const BroadcastOptions&) override {
-    return unused();
-  }
-  std::shared_ptr<Work> reduce(const at::Tensor&, const ReduceOptions&) override {
-    return unused();
-  }
-  std::shared_ptr<Work> allgather(const std::vector<at::Tensor>&, const at::Tensor&,
-                                  const AllgatherOptions&) override {
-    return unused();
-  }
-  std::shared_ptr<Work> allgather_into_tensor(const at::Tensor&, const at::Tensor&,
-                                              const AllgatherOptions&) override {
-    return unused();
-  }
-  std::shared_ptr<Work> gather(const std::vector<at::Tensor>&, const at::Tensor&,
-                               const GatherOptions&) override {
-    return unused();
-  }
-  std::shared_ptr<Work> scatter(const at::Tensor&, const std::vector<at::Tensor>&,
-                                const ScatterOptions&) override {
-    return unused();
-  }
-  std::shared_ptr<Work> reduce_scatter(const at::Tensor&, const std::vector<at::Tensor>&,
-                                       const ReduceScatterOptions&) override {
-    return unused();
-  }
-  std::shared_ptr<Work> alltoall(const at::Tensor&, const at::Tensor&,
-                                 const AlltoallOptions&) override {
-    return unused();
-  }
-  std::shared_ptr<Work> barrier(const BarrierOptions&) override {
-    return unused();
-  }
-  std::shared_ptr<Work> send(const at::Tensor&, int, const PointToPointOptions&) override {
-    return unused();
-  }
-  std::shared_ptr<Work> recv(const at::Tensor&, int, const PointToPointOptions&) override {
-    return unused();
-  }
-
- private:
-  std::shared_ptr<Work> unused() {
-    ADD_FAILURE() << "PowerSGD issued a collective other than allreduce";
-    return Work::completed({});
-  }
-  int fail_at_;
 };
 
 // A bucket of a rows x cols weight and its bias (rows), in a flat buffer

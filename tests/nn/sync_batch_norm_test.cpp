@@ -18,6 +18,7 @@
 #include <ddp/ddp.h>
 
 #include "testing/errors.h"
+#include "testing/fake_process_group.h"
 #include "testing/multi_rank.h"
 
 namespace ddp {
@@ -27,79 +28,13 @@ using nn::SyncBatchNorm;
 using nn::SyncBatchNormImpl;
 using nn::SyncBatchNormOptions;
 
-// Records the name of every operation. With `mirror`, it behaves as a group
-// of `size` ranks that all hold this rank's tensors: allgather_into_tensor
-// repeats the input, allreduce multiplies by the size; other operations
-// complete at once without touching their tensors.
-class RecordingGroup : public ProcessGroup {
- public:
-  RecordingGroup(int rank, int size, bool mirror = false)
-      : ProcessGroup(rank, size, std::chrono::seconds(30)), mirror_(mirror) {}
-  std::string backend_name() const override {
-    return "fake";
-  }
-  std::vector<std::string> calls;
-
-  std::shared_ptr<Work> allreduce(const at::Tensor& tensor, const AllreduceOptions&) override {
-    if (mirror_) {
-      tensor.mul_(size());
-    }
-    return done("allreduce");
-  }
-  std::shared_ptr<Work> allreduce_coalesced(const std::vector<at::Tensor>&,
-                                            const AllreduceOptions&) override {
-    return done("allreduce_coalesced");
-  }
-  std::shared_ptr<Work> broadcast(const at::Tensor&, const BroadcastOptions&) override {
-    return done("broadcast");
-  }
-  std::shared_ptr<Work> reduce(const at::Tensor&, const ReduceOptions&) override {
-    return done("reduce");
-  }
-  std::shared_ptr<Work> allgather(const std::vector<at::Tensor>&, const at::Tensor&,
-                                  const AllgatherOptions&) override {
-    return done("allgather");
-  }
-  std::shared_ptr<Work> allgather_into_tensor(const at::Tensor& output, const at::Tensor& input,
-                                              const AllgatherOptions&) override {
-    if (mirror_) {
-      output.copy_(input.repeat({size()}));
-    }
-    return done("allgather_into_tensor");
-  }
-  std::shared_ptr<Work> gather(const std::vector<at::Tensor>&, const at::Tensor&,
-                               const GatherOptions&) override {
-    return done("gather");
-  }
-  std::shared_ptr<Work> scatter(const at::Tensor&, const std::vector<at::Tensor>&,
-                                const ScatterOptions&) override {
-    return done("scatter");
-  }
-  std::shared_ptr<Work> reduce_scatter(const at::Tensor&, const std::vector<at::Tensor>&,
-                                       const ReduceScatterOptions&) override {
-    return done("reduce_scatter");
-  }
-  std::shared_ptr<Work> alltoall(const at::Tensor&, const at::Tensor&,
-                                 const AlltoallOptions&) override {
-    return done("alltoall");
-  }
-  std::shared_ptr<Work> barrier(const BarrierOptions&) override {
-    return done("barrier");
-  }
-  std::shared_ptr<Work> send(const at::Tensor&, int, const PointToPointOptions&) override {
-    return done("send");
-  }
-  std::shared_ptr<Work> recv(const at::Tensor&, int, const PointToPointOptions&) override {
-    return done("recv");
-  }
-
- private:
-  std::shared_ptr<Work> done(const std::string& name) {
-    calls.push_back(name);
-    return Work::completed({});
-  }
-  bool mirror_;
-};
+// A fake group (testing/fake_process_group.h) that records every operation;
+// with `mirror`, one of `size` ranks that all hold this rank's tensors.
+std::shared_ptr<testing::FakeProcessGroup> recording_group(int rank, int size, bool mirror = false) {
+  auto group = std::make_shared<testing::FakeProcessGroup>(rank, size);
+  group->mirror = mirror;
+  return group;
+}
 
 double max_difference(const torch::Tensor& a, const torch::Tensor& b) {
   return (a.detach().to(torch::kDouble) - b.detach().to(torch::kDouble)).abs().max().item<double>();
@@ -179,7 +114,7 @@ TEST(SyncBatchNorm, CloneCopiesTheStateIntoNewTensors) {
 // statistics (the batch's own, locally), as in PyTorch.
 TEST(SyncBatchNorm, EvalModeIssuesNoCollective) {
   for (bool track : {true, false}) {
-    auto fake = std::make_shared<RecordingGroup>(0, 2);
+    auto fake = recording_group(0, 2);
     SyncBatchNorm sync(SyncBatchNormOptions(3).track_running_stats(track).process_group(fake));
     torch::nn::BatchNorm2d batch_norm(torch::nn::BatchNormOptions(3).track_running_stats(track));
     fill_distinct(*sync);
@@ -202,7 +137,7 @@ TEST(SyncBatchNorm, EvalModeIssuesNoCollective) {
 // communication.
 TEST(SyncBatchNorm, GroupOfOneIsBatchNormWithoutCommunication) {
   for (c10::optional<double> momentum : {c10::optional<double>(0.3), c10::optional<double>()}) {
-    auto fake = std::make_shared<RecordingGroup>(0, 1);
+    auto fake = recording_group(0, 1);
     auto options = torch::nn::BatchNormOptions(3).momentum(momentum);
     SyncBatchNorm sync(SyncBatchNormOptions(options).process_group(fake));
     torch::nn::BatchNorm2d batch_norm(options);
@@ -229,7 +164,7 @@ TEST(SyncBatchNorm, GroupOfOneIsBatchNormWithoutCommunication) {
 // gradient, the unbiased variance over 2n values, and half the parameters'
 // gradients (each rank holds its own share; DDP would average them).
 TEST(SyncBatchNorm, TrainingGathersOnceForwardAndReducesOnceBackward) {
-  auto fake = std::make_shared<RecordingGroup>(0, 2, /*mirror=*/true);
+  auto fake = recording_group(0, 2, /*mirror=*/true);
   SyncBatchNorm sync(SyncBatchNormOptions(3).process_group(fake));
   torch::nn::BatchNorm2d batch_norm(3);
   fill_distinct(*sync);
@@ -260,7 +195,7 @@ TEST(SyncBatchNorm, TrainingGathersOnceForwardAndReducesOnceBackward) {
 }
 
 TEST(SyncBatchNorm, RefusesDoubleBackward) {
-  auto fake = std::make_shared<RecordingGroup>(0, 2, /*mirror=*/true);
+  auto fake = recording_group(0, 2, /*mirror=*/true);
   SyncBatchNorm sync(SyncBatchNormOptions(3).process_group(fake));
   auto x = input_2d(4, 3).requires_grad_(true);
   auto y = sync(x);
@@ -397,7 +332,7 @@ TEST(ConvertSyncBatchnorm, KeepsNamesTensorsRequiresGradAndTrainingFlag) {
   const auto parameters = net->named_parameters();
   const auto buffers = net->named_buffers();
 
-  auto fake = std::make_shared<RecordingGroup>(0, 2, /*mirror=*/true);
+  auto fake = recording_group(0, 2, /*mirror=*/true);
   auto converted = nn::convert_sync_batchnorm(net, fake);
   EXPECT_EQ(converted.ptr(), net.ptr());
   EXPECT_EQ(sync_batch_norm_names(*net),

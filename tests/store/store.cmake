@@ -1,7 +1,9 @@
 # tests: store
-# The Store contract over every implementation, then each store's own tests.
+# The Store contract (store_contract.cpp, once) over every ddp store, then
+# each store's own tests; torch_tcp_store_test runs the contract over
+# TorchTCPStore too.
 ddp_add_gtest(store_test
-  SOURCES store/store_test.cpp
+  SOURCES store/store_test.cpp store/store_contract.cpp
   LIBS ddp_stores ddp_internal
   LABELS integration TIMEOUT 60)
 ddp_add_gtest(tcp_store_test
@@ -34,7 +36,7 @@ ddp_add_gtest(file_store_test
 #   DDP_TEST_PYTHON=/path/to/venv/bin/python ctest -R torch_tcp_store_test
 # The tests skip only where that interpreter cannot import torch.
 ddp_add_gtest(torch_tcp_store_test
-  SOURCES store/torch_tcp_store_test.cpp
+  SOURCES store/torch_tcp_store_test.cpp store/store_contract.cpp
   LIBS ddp_stores ddp_internal
   LABELS integration TIMEOUT 300)
 target_compile_definitions(torch_tcp_store_test PRIVATE

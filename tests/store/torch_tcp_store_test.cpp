@@ -2,8 +2,9 @@
 // child process (torch_store_helper.py) with the interpreter DDP_TEST_PYTHON
 // (the CMake cache variable; the environment variable of the same name
 // overrides it at run time, e.g. to test a second PyTorch):
-//   - the Store contract, over each server that torch has: the default one
-//     (libuv on 2.x) and the classic one (use_libuv=False);
+//   - the Store contract (store_contract.cpp), and what PyTorch's servers
+//     add to it, over each server that torch has: the default one (libuv
+//     on 2.x) and the classic one (use_libuv=False);
 //   - a PyTorch client and a ddp client sharing one server;
 //   - a server killed mid-call, a refused connection, and, against a fake
 //     server in this process, malformed, oversized and missing replies.
@@ -12,6 +13,7 @@
 #include <ddp/store/torch_tcp_store.h>
 
 #include "store/socket.h"
+#include "store/store_contract.h"
 
 #include <c10/util/Exception.h>
 #include <gtest/gtest.h>
@@ -45,22 +47,13 @@ namespace {
 
 using Clock = std::chrono::steady_clock;
 using std::chrono::milliseconds;
+using store_contract::bytes;
+using store_contract::contains;
+using store_contract::since;
 
 // Long enough never to fire in a passing test, short enough that a broken
 // one fails rather than hangs.
 constexpr milliseconds kTimeout{10000};
-
-milliseconds since(Clock::time_point start) {
-  return std::chrono::duration_cast<milliseconds>(Clock::now() - start);
-}
-
-std::vector<uint8_t> bytes(const std::string& s) {
-  return std::vector<uint8_t>(s.begin(), s.end());
-}
-
-bool contains(const std::string& text, const std::string& part) {
-  return text.find(part) != std::string::npos;
-}
 
 std::string python() {
   const char* from_env = std::getenv("DDP_TEST_PYTHON");
@@ -301,9 +294,43 @@ std::shared_ptr<TorchTCPStore> client(int port, milliseconds timeout = kTimeout)
       "127.0.0.1", TorchTCPStoreOptions().port(port).timeout(timeout));
 }
 
-// ---- The Store contract, over each kind of PyTorch server ---------------------------
+// ---- The Store contract (store_contract.cpp), over each kind of PyTorch server -----
 
-class TorchStoreContractTest : public ::testing::TestWithParam<std::string> {
+// A client of a fresh server of `mode` ("default" or "classic"), which
+// stops with the handle.
+store_contract::StoreHandle torch_store(const std::string& mode) {
+  store_contract::StoreHandle handle;
+  if (!torch_servers().unavailable().empty()) {
+    handle.unavailable = "no PyTorch to test against (install python3-torch, as scripts/setup.sh does, or set "
+                         "DDP_TEST_PYTHON): " + torch_servers().unavailable();
+    return handle;
+  }
+  const TorchServers::Server server = torch_servers().start(mode);
+  if (server.port <= 0) {
+    handle.unavailable = "the helper started no server";
+    return handle;
+  }
+  handle.keep_alive = std::shared_ptr<void>(nullptr, [port = server.port](void*) { torch_servers().stop(port); });
+  handle.store = client(server.port);
+  const std::string address = "127.0.0.1:" + std::to_string(server.port);
+  handle.wait_timeout_names = {"TorchTCPStore wait", address};
+  handle.get_timeout_names = {"TorchTCPStore get"};
+  handle.add_error_names = {"key 'word'"};
+  return handle;
+}
+
+using store_contract::StoreContractTest; // INSTANTIATE_TEST_SUITE_P takes the fixture's bare name
+
+INSTANTIATE_TEST_SUITE_P(PyTorchServers, StoreContractTest,
+                         ::testing::Values(store_contract::StoreKind{"DefaultServer",
+                                                                     [] { return torch_store("default"); }},
+                                           store_contract::StoreKind{"ClassicServer",
+                                                                     [] { return torch_store("classic"); }}),
+                         store_contract::kind_name);
+
+// ---- What the contract does not say, over each kind of PyTorch server -----------
+
+class TorchServerTest : public ::testing::TestWithParam<std::string> {
  protected:
   void SetUp() override {
     REQUIRE_TORCH();
@@ -323,7 +350,7 @@ class TorchStoreContractTest : public ::testing::TestWithParam<std::string> {
   std::shared_ptr<TorchTCPStore> store_;
 };
 
-TEST_P(TorchStoreContractTest, FindsTheProtocolAndTheServerKind) {
+TEST_P(TorchServerTest, FindsTheProtocolAndTheServerKind) {
   EXPECT_EQ(store_->protocol(), expected_protocol()) << "torch " << torch_servers().version();
   // The default server is libuv wherever torch has it; classic is not.
   EXPECT_EQ(server_.libuv, GetParam() == "default" && torch_servers().libuv_available());
@@ -331,27 +358,7 @@ TEST_P(TorchStoreContractTest, FindsTheProtocolAndTheServerKind) {
   EXPECT_EQ(store_->port(), server_.port);
 }
 
-TEST_P(TorchStoreContractTest, SetThenGetReturnsTheBytes) {
-  const std::vector<uint8_t> binary{0, 1, 2, 0xff, 0, 'x'};
-  store_->set("k", binary);
-  EXPECT_EQ(store_->get("k"), binary);
-  store_->set("k", std::string("second"));
-  EXPECT_EQ(store_->get_string("k"), "second");
-  store_->set("empty", std::string());
-  EXPECT_TRUE(store_->check({"empty"}));
-  EXPECT_EQ(store_->get_string("empty"), "");
-}
-
-TEST_P(TorchStoreContractTest, LargeValueRoundTrips) {
-  std::vector<uint8_t> value(3 * 1024 * 1024 + 7);
-  for (size_t i = 0; i < value.size(); ++i) {
-    value[i] = static_cast<uint8_t>(i * 131 + 7);
-  }
-  store_->set("big", value);
-  EXPECT_EQ(store_->get("big"), value);
-}
-
-TEST_P(TorchStoreContractTest, KeyAndValueLimitsAreMisuse) {
+TEST_P(TorchServerTest, KeyAndValueLimitsAreMisuse) {
   // The libuv server's limits: 8 KiB keys with the "/" in front, 8 MiB values.
   store_->set(std::string(8191, 'k'), std::string("fits"));
   EXPECT_EQ(store_->get_string(std::string(8191, 'k')), "fits");
@@ -369,232 +376,14 @@ TEST_P(TorchStoreContractTest, KeyAndValueLimitsAreMisuse) {
   EXPECT_EQ(store_->add("after", 1), 1);
 }
 
-TEST_P(TorchStoreContractTest, AddCreatesAndAccumulates) {
-  EXPECT_EQ(store_->add("c", 1), 1);
-  EXPECT_EQ(store_->add("c", 5), 6);
-  EXPECT_EQ(store_->add("c", -10), -4);
-  EXPECT_EQ(store_->get_string("c"), "-4");
-  store_->set("n", std::string("41"));
-  EXPECT_EQ(store_->add("n", 1), 42);
-  EXPECT_EQ(store_->add("zero", 0), 0);
-  EXPECT_EQ(store_->get_string("zero"), "0");
-}
-
-TEST_P(TorchStoreContractTest, AddToANonNumberIsMisuse) {
-  store_->set("word", std::string("abc"));
-  try {
-    store_->add("word", 1);
-    FAIL() << "add to a non-number did not throw";
-  } catch (const c10::Error& e) {
-    const std::string message = e.what();
-    EXPECT_TRUE(contains(message, "'abc'")) << message;
-    EXPECT_TRUE(contains(message, "key 'word'")) << message;
-  }
-  // The store still works afterwards, on a new connection.
-  EXPECT_EQ(store_->add("c", 2), 2);
-  EXPECT_EQ(store_->get_string("word"), "abc");
-}
-
-TEST_P(TorchStoreContractTest, AddReadsNumbersAsPyTorchDoes) {
+TEST_P(TorchServerTest, AddReadsNumbersAsPyTorchDoes) {
   // std::stoll on the server: leading blanks and trailing text are fine.
   store_->set("padded", std::string(" 12x"));
   EXPECT_EQ(store_->add("padded", 1), 13);
   EXPECT_EQ(store_->get_string("padded"), "13");
 }
 
-TEST_P(TorchStoreContractTest, CompareSetFollowsC10dSemantics) {
-  EXPECT_EQ(store_->compare_set("a", {}, bytes("one")), bytes("one"));
-  EXPECT_EQ(store_->get_string("a"), "one");
-  EXPECT_EQ(store_->compare_set("b", bytes("x"), bytes("y")), bytes("x"));
-  EXPECT_FALSE(store_->check({"b"}));
-  EXPECT_EQ(store_->compare_set("a", bytes("one"), bytes("two")), bytes("two"));
-  EXPECT_EQ(store_->get_string("a"), "two");
-  EXPECT_EQ(store_->compare_set("a", bytes("one"), bytes("three")), bytes("two"));
-  EXPECT_EQ(store_->get_string("a"), "two");
-}
-
-TEST_P(TorchStoreContractTest, CheckReportsWhetherAllKeysExist) {
-  EXPECT_TRUE(store_->check({}));
-  EXPECT_FALSE(store_->check({"a"}));
-  store_->set("a", std::string("1"));
-  EXPECT_TRUE(store_->check({"a"}));
-  EXPECT_FALSE(store_->check({"a", "b"}));
-}
-
-TEST_P(TorchStoreContractTest, WaitReturnsAtOnceForExistingKeys) {
-  store_->set("a", std::string("1"));
-  store_->set("b", std::string("2"));
-  // Judged against the deadline under test, as in store_test.
-  constexpr milliseconds kWaitTimeout(5000);
-  const auto start = Clock::now();
-  store_->wait({"a", "b"}, kWaitTimeout);
-  store_->wait({"a"}, kWaitTimeout);
-  store_->wait({}, kWaitTimeout);
-  EXPECT_LT(since(start), kWaitTimeout / 2);
-}
-
-TEST_P(TorchStoreContractTest, WaitTimesOutNamingTheMissingKey) {
-  store_->set("present_key", std::string("1"));
-  const auto start = Clock::now();
-  try {
-    store_->wait({"present_key", "missing_key"}, milliseconds(200));
-    FAIL() << "wait did not time out";
-  } catch (const TimeoutError& e) {
-    const std::string message = e.what();
-    EXPECT_TRUE(contains(message, "TorchTCPStore wait")) << message;
-    EXPECT_TRUE(contains(message, "missing_key")) << message;
-    EXPECT_FALSE(contains(message, "present_key")) << message;
-    EXPECT_TRUE(contains(message, "200 ms")) << message;
-    EXPECT_TRUE(contains(message, "127.0.0.1:" + std::to_string(server_.port))) << message;
-  }
-  const auto elapsed = since(start);
-  EXPECT_GE(elapsed.count(), 190);
-  EXPECT_LT(elapsed.count(), 3000);
-  // The store is still usable after a timeout, and the server forgot the
-  // wait: setting the key later does not disturb anything.
-  store_->set("missing_key", std::string("late"));
-  store_->set("after", std::string("ok"));
-  EXPECT_EQ(store_->get_string("after"), "ok");
-}
-
-TEST_P(TorchStoreContractTest, GetTimesOutWithTheStoreTimeout) {
-  store_->set_timeout(milliseconds(200));
-  const auto start = Clock::now();
-  try {
-    store_->get("absent_key");
-    FAIL() << "get did not time out";
-  } catch (const TimeoutError& e) {
-    const std::string message = e.what();
-    EXPECT_TRUE(contains(message, "TorchTCPStore get")) << message;
-    EXPECT_TRUE(contains(message, "absent_key")) << message;
-    EXPECT_TRUE(contains(message, "200 ms")) << message;
-  }
-  const auto elapsed = since(start);
-  EXPECT_GE(elapsed.count(), 190);
-  EXPECT_LT(elapsed.count(), 3000);
-  store_->set("absent_key", std::string("now"));
-  EXPECT_EQ(store_->get_string("absent_key"), "now");
-}
-
-TEST_P(TorchStoreContractTest, WaitWithoutTimeoutUsesTheStoreTimeout) {
-  store_->set_timeout(milliseconds(150));
-  const auto start = Clock::now();
-  EXPECT_THROW(store_->wait({"nope"}), TimeoutError);
-  EXPECT_GE(since(start).count(), 140);
-  EXPECT_LT(since(start).count(), 3000);
-}
-
-TEST_P(TorchStoreContractTest, GetBlocksUntilAnotherThreadSets) {
-  const auto start = Clock::now();
-  std::thread setter([&] {
-    std::this_thread::sleep_for(milliseconds(150));
-    store_->set("late", std::string("value"));
-  });
-  EXPECT_EQ(store_->get_string("late"), "value");
-  EXPECT_GE(since(start).count(), 140);
-  setter.join();
-}
-
-TEST_P(TorchStoreContractTest, HugeTimeoutMeansWaitLong) {
-  store_->set_timeout(milliseconds::max());
-  std::thread setter([&] {
-    std::this_thread::sleep_for(milliseconds(100));
-    store_->set("slow", std::string("v"));
-  });
-  EXPECT_EQ(store_->get_string("slow"), "v");
-  store_->wait({"slow"}, milliseconds::max());
-  setter.join();
-}
-
-TEST_P(TorchStoreContractTest, WaitBlocksUntilEveryKeyIsSet) {
-  const auto start = Clock::now();
-  std::thread setter([&] {
-    std::this_thread::sleep_for(milliseconds(50));
-    store_->set("w1", std::string("1"));
-    std::this_thread::sleep_for(milliseconds(100));
-    store_->add("w2", 1);
-  });
-  store_->wait({"w1", "w2"}, milliseconds(5000));
-  EXPECT_GE(since(start).count(), 140);
-  EXPECT_TRUE(store_->check({"w1", "w2"}));
-  setter.join();
-}
-
-TEST_P(TorchStoreContractTest, OneSetWakesManyWaiters) {
-  constexpr int kWaiters = 4;
-  std::atomic<int> woken{0};
-  std::vector<std::thread> waiters;
-  for (int i = 0; i < kWaiters; ++i) {
-    waiters.emplace_back([&] {
-      if (store_->get_string("go") == "now") {
-        ++woken;
-      }
-    });
-  }
-  std::this_thread::sleep_for(milliseconds(100));
-  store_->set("go", std::string("now"));
-  for (auto& t : waiters) {
-    t.join();
-  }
-  EXPECT_EQ(woken.load(), kWaiters);
-}
-
-TEST_P(TorchStoreContractTest, DeleteKeyRemovesIt) {
-  store_->set("d", std::string("1"));
-  EXPECT_EQ(store_->num_keys(), 1);
-  EXPECT_TRUE(store_->delete_key("d"));
-  EXPECT_FALSE(store_->check({"d"}));
-  EXPECT_FALSE(store_->delete_key("d"));
-  EXPECT_EQ(store_->num_keys(), 0);
-  store_->set("d", std::string("again"));
-  EXPECT_EQ(store_->get_string("d"), "again");
-}
-
-TEST_P(TorchStoreContractTest, NumKeysCountsDistinctKeys) {
-  EXPECT_EQ(store_->num_keys(), 0);
-  store_->set("a", std::string("1"));
-  store_->set("b", std::string("1"));
-  store_->set("c", std::string("1"));
-  EXPECT_EQ(store_->num_keys(), 3);
-  store_->set("a", std::string("2"));
-  EXPECT_EQ(store_->num_keys(), 3);
-  store_->add("n", 1);
-  EXPECT_EQ(store_->num_keys(), 4);
-  store_->compare_set("cs", {}, bytes("x"));
-  EXPECT_EQ(store_->num_keys(), 5);
-  store_->delete_key("b");
-  EXPECT_EQ(store_->num_keys(), 4);
-}
-
-TEST_P(TorchStoreContractTest, ConcurrentAddsAreAtomic) {
-  constexpr int kThreads = 8;
-  constexpr int kAddsPerThread = 50;
-  std::vector<std::vector<int64_t>> seen(kThreads);
-  std::vector<std::thread> threads;
-  for (int t = 0; t < kThreads; ++t) {
-    threads.emplace_back([&, t] {
-      for (int i = 0; i < kAddsPerThread; ++i) {
-        seen[t].push_back(store_->add("counter", 1));
-      }
-    });
-  }
-  for (auto& t : threads) {
-    t.join();
-  }
-  constexpr int kTotal = kThreads * kAddsPerThread;
-  EXPECT_EQ(store_->get_string("counter"), std::to_string(kTotal));
-  std::vector<int64_t> all;
-  for (const auto& s : seen) {
-    all.insert(all.end(), s.begin(), s.end());
-  }
-  std::sort(all.begin(), all.end());
-  ASSERT_EQ(all.size(), static_cast<size_t>(kTotal));
-  for (int i = 0; i < kTotal; ++i) {
-    EXPECT_EQ(all[i], i + 1);
-  }
-}
-
-TEST_P(TorchStoreContractTest, TwoClientsSeeEachOther) {
+TEST_P(TorchServerTest, TwoClientsSeeEachOther) {
   auto other = client(server_.port);
   EXPECT_EQ(other->protocol(), store_->protocol());
   store_->set("from_a", std::string("a"));
@@ -609,11 +398,7 @@ TEST_P(TorchStoreContractTest, TwoClientsSeeEachOther) {
   EXPECT_EQ(store_->add("n", 3), 5);
 }
 
-TEST_P(TorchStoreContractTest, NegativeWaitTimeoutIsMisuse) {
-  EXPECT_THROW(store_->wait({"x"}, milliseconds(-1)), c10::Error);
-}
-
-TEST_P(TorchStoreContractTest, AStoppedServerIsAnIoError) {
+TEST_P(TorchServerTest, AStoppedServerIsAnIoError) {
   store_->set("k", std::string("v"));
   torch_servers().stop(server_.port);
   server_.port = 0;
@@ -633,7 +418,7 @@ TEST_P(TorchStoreContractTest, AStoppedServerIsAnIoError) {
 
 INSTANTIATE_TEST_SUITE_P(
     PyTorchServers,
-    TorchStoreContractTest,
+    TorchServerTest,
     ::testing::Values("default", "classic"),
     [](const ::testing::TestParamInfo<std::string>& info) {
       return info.param == "default" ? std::string("DefaultServer") : std::string("ClassicServer");

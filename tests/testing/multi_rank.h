@@ -18,6 +18,8 @@
 #include <ddp/comm/process_group.h>
 #include <ddp/store/store.h>
 
+#include "testing/free_port.h" // free_port(), which the harness's users need
+
 namespace ddp::testing {
 
 // Runs fn(rank, store) on `world_size` threads sharing one HashStore; joins
@@ -34,10 +36,6 @@ std::shared_ptr<ProcessGroup> make_gloo_group(
 
 // A Gloo group of one rank over a fresh HashStore, outside run_threads.
 std::shared_ptr<ProcessGroup> make_gloo_group_of_one();
-
-// A TCP port on loopback that was free a moment ago (the kernel picks it),
-// or -1.
-int free_port();
 
 // What happened to one forked rank.
 struct ProcessResult {

@@ -2,7 +2,7 @@
 // src/timeline/timeline.cpp): which steps it keeps, the lanes that keep a
 // track's spans from overlapping, the per-step bound, the file and its
 // failure; and ddprun's merge of the ranks' files and its picture
-// (src/timeline/trace_merge.h). A real job's trace: run_trace_test.sh.
+// (src/launch/readers/trace_merge.h). A real job's trace: run_trace_test.sh.
 
 #include <gtest/gtest.h>
 
@@ -18,7 +18,7 @@
 
 #include "internal/json.h"
 #include "timeline/timeline.h"
-#include "timeline/trace_merge.h"
+#include "launch/readers/trace_merge.h"
 
 namespace ddp::internal {
 namespace {

@@ -36,6 +36,7 @@
 #include "comm/gloo/gloo_words.h"
 #include "comm/gloo/sigpipe_guard.h"
 #include "comm/host_staging.h"
+#include "comm/recorder_outputs.h"
 #include "flight_recorder/flight_recorder.h"
 #include "internal/check.h"
 #include "internal/env.h"
@@ -90,7 +91,7 @@ class DDP_GLOO_HIDDEN ProcessGroupGloo::Impl {
     // them from their first instruction: See Note [SIGPIPE and Gloo].
     internal::SigpipeGuard guard;
     connect(options);
-    recorder_ = internal::FlightRecorder::create(options.group_name(), "gloo", group_.rank(), group_.size());
+    recorder_ = internal::make_flight_recorder(options.group_name(), "gloo", group_.rank(), group_.size());
     for (int i = 0; i < kWorkerThreads; ++i) {
       workers_.emplace_back([this] { run_worker(); });
     }

@@ -10,6 +10,7 @@
 
 #include "comm/mpi/mpi_types.h"
 #include "comm/point_to_point_work.h"
+#include "comm/recorder_outputs.h"
 #include "internal/check.h"
 
 namespace ddp::internal::mpi {
@@ -133,8 +134,8 @@ MpiEngine::MpiEngine(std::string who, int size, EngineOptions options,
   }
   int rank = 0;
   MPI_Comm_rank(comm_, &rank);
-  recorder_ = FlightRecorder::create(world_ranks.empty() ? "default" : c10::str("ranks ", world_ranks), "mpi",
-                                     rank, size_);
+  recorder_ = make_flight_recorder(world_ranks.empty() ? "default" : c10::str("ranks ", world_ranks), "mpi",
+                                   rank, size_);
   worker_ = std::thread([this] { run_worker(); });
   watchdog_ = std::thread([this] { run_watchdog(); });
   register_exit_hook(this);

@@ -17,6 +17,7 @@
 
 #include <ddp/comm/error.h>
 
+#include "comm/recorder_outputs.h"
 #include "comm/rendezvous_arrival.h"
 #include "comm/nccl/nccl_engine_detail.h"
 #include "internal/check.h"
@@ -55,7 +56,7 @@ NcclEngine::NcclEngine(std::shared_ptr<Store> store, int rank, int size, NcclEng
       fingerprints_(collective_check_enabled(rank, size)
                         ? std::make_unique<FingerprintExchange>(store_, prefix_ + "fp/", rank, size)
                         : nullptr),
-      recorder_(FlightRecorder::create(options_.group_name, "nccl", rank, size)) {
+      recorder_(make_flight_recorder(options_.group_name, "nccl", rank, size)) {
   if (options_.device_index >= 0) {
     device_ = options_.device_index;
   }

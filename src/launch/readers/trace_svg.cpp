@@ -10,7 +10,7 @@
 #include <limits>
 #include <string>
 
-#include "timeline/trace_merge.h"
+#include "launch/readers/trace_merge.h"
 
 namespace ddp::timeline {
 

@@ -1,4 +1,4 @@
-#include "timeline/trace_merge.h"
+#include "launch/readers/trace_merge.h"
 
 #include <dirent.h>
 

@@ -15,7 +15,7 @@
 //  "world_size": 4, "attempt": 0, "first_failed": 3,
 //  "what": "was killed by signal 9 (SIGKILL)", "at_us": 1795...}
 
-#include "flight_recorder/launcher_account.h"
+#include "launch/readers/launcher_account.h"
 
 #include <sys/stat.h>
 

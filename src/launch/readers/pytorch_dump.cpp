@@ -18,7 +18,7 @@
 #include <string>
 #include <vector>
 
-#include "flight_recorder/dump_view.h"
+#include "launch/readers/dump_view.h"
 
 namespace ddp::flight_recorder {
 namespace {

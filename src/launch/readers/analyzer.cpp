@@ -1,4 +1,4 @@
-#include "flight_recorder/analyzer.h"
+#include "launch/readers/analyzer.h"
 
 #include <dirent.h>
 
@@ -11,8 +11,8 @@
 #include <stdexcept>
 #include <vector>
 
-#include "flight_recorder/dump_view.h"
-#include "flight_recorder/launcher_account.h"
+#include "launch/readers/dump_view.h"
+#include "launch/readers/launcher_account.h"
 #include "internal/json.h"
 #include "internal/text_files.h"
 
