@@ -7,7 +7,7 @@
 // Usage (the timeline is on when DDP_TRACE_DIR is set: ddprun --trace DIR):
 //   build/ddprun --nproc-per-node 2 --no-prefix --trace DIR build/bench/soak
 //       --variant ddp|zero2|fsdp [--minutes M | --steps N] [--sample-every K]
-//       [--width W] [--layers L] [--batch B]
+//       [--width W] [--layers L] [--batch B] [--flush-denormal 1|0]
 //   DDP_BACKEND=mpi mpirun -np 2 build/bench/soak --variant ddp [...]
 //
 // The model: L x Linear(W, W) (default 4 x 256), ReLU between, batch 32,
@@ -27,11 +27,21 @@
 // step time of the last 10% of the samples against the first 10% after
 // warm-up: the ratio, printed.
 //
+// Subnormal numbers. The model trains on one fixed batch, and Adam's
+// moving averages of weights whose gradient has become zero or tiny (units
+// that ReLU has shut) decay a little every step, through float32's
+// subnormal range (below 1.2e-38) on their way to zero; CPU arithmetic on
+// subnormals is tens of times slower. The soak therefore flushes them to
+// zero (at::globalContext().setFlushDenormal; --flush-denormal 0 keeps
+// them, as LibTorch does by default) and prints how many Adam's state
+// holds at the end: docs/reliability.md has the runs that found it.
+//
 // Each rank prints, at the end:
 //   soak variant=ddp backend=gloo world=2 rank=R steps=N samples=S
 //   rss_mb_first=... rss_mb_last=... rss_slope_kb_per_1k_steps=...
 //   rss_noise_kb=... fds=A..B threads=A..B shm_kb=A..B
-//   step_ms_first=... step_ms_last=... step_ratio=... growth=none|rss|fds|threads|shm,...
+//   step_ms_first=... step_ms_last=... step_ratio=... flush_denormal=1|0 subnormal=N
+//   growth=none|rss|fds|threads|shm,...
 // (A..B: the least and most seen after warm-up.) Exits 0 whatever it finds
 // (a benchmark), 1 if a step fails, 2 on a bad command line.
 
@@ -49,6 +59,7 @@
 #include <exception>
 #include <fstream>
 #include <functional>
+#include <limits>
 #include <memory>
 #include <string>
 #include <vector>
@@ -69,6 +80,7 @@ struct Config {
   int64_t width = 256;
   int64_t layers = 4;
   int64_t batch = 32;
+  bool flush_denormal = true;
 };
 
 struct Sample {
@@ -83,7 +95,7 @@ struct Sample {
 [[noreturn]] void usage_error(const std::string& why) {
   std::fprintf(stderr,
                "soak: %s\nusage: soak --variant ddp|zero2|fsdp [--minutes M | --steps N] "
-               "[--sample-every K] [--width W] [--layers L] [--batch B]\n",
+               "[--sample-every K] [--width W] [--layers L] [--batch B] [--flush-denormal 1|0]\n",
                why.c_str());
   std::exit(2);
 }
@@ -102,6 +114,11 @@ Config parse(int argc, char** argv) {
         usage_error("--variant is ddp, zero2 or fsdp (got '" + value + "')");
       }
       config.variant = value;
+    } else if (flag == "--flush-denormal") {
+      if (value != "0" && value != "1") {
+        usage_error("--flush-denormal is 1 or 0 (got '" + value + "')");
+      }
+      config.flush_denormal = value == "1";
     } else if (flag == "--minutes") {
       char* end = nullptr;
       config.minutes = std::strtod(value.c_str(), &end);
@@ -186,12 +203,13 @@ struct Trainer {
   torch::nn::Sequential net;
   std::function<torch::Tensor(const torch::Tensor&)> forward;
   std::unique_ptr<torch::optim::Optimizer> optimizer;
-  std::shared_ptr<void> keep; // the wrapper
+  torch::optim::Optimizer* adam = nullptr; // the one holding Adam's state (ZeRO's local one)
+  std::shared_ptr<void> keep;              // the wrapper
 };
 
 Trainer make_trainer(const Config& config) {
   torch::manual_seed(0);
-  Trainer t{ddp_bench::make_mlp(config.width, config.layers), nullptr, nullptr, nullptr};
+  Trainer t{ddp_bench::make_mlp(config.width, config.layers), nullptr, nullptr, nullptr, nullptr};
   const auto adam = torch::optim::AdamOptions(1e-3);
   if (config.variant == "fsdp") {
     auto options = ddp::FullyShardedDataParallelOptions()
@@ -200,6 +218,7 @@ Trainer make_trainer(const Config& config) {
     auto model = std::make_shared<ddp::FullyShardedDataParallel>(t.net, options);
     t.forward = [model](const torch::Tensor& x) { return (*model)(x); };
     t.optimizer = std::make_unique<torch::optim::Adam>((*model)->parameters(), adam);
+    t.adam = t.optimizer.get();
     t.keep = model;
     return t;
   }
@@ -209,9 +228,11 @@ Trainer make_trainer(const Config& config) {
     auto zero = std::make_unique<ddp::optim::ZeroRedundancyOptimizer<torch::optim::Adam>>(
         (*model)->parameters(), adam, ddp::optim::ZeroRedundancyOptimizerOptions().stage(2));
     zero->overlap_with(*model);
+    t.adam = &zero->local_optimizer();
     t.optimizer = std::move(zero);
   } else {
     t.optimizer = std::make_unique<torch::optim::Adam>((*model)->parameters(), adam);
+    t.adam = t.optimizer.get();
   }
   t.keep = model;
   return t;
@@ -249,8 +270,27 @@ double mean_step_ms(const std::vector<Sample>& samples, size_t from, size_t to) 
   return to > from ? sum / static_cast<double>(to - from) : 0;
 }
 
+// The subnormal floats in Adam's state (its moving averages), on which a
+// CPU computes tens of times slower: see "Subnormal numbers" above.
+int64_t subnormal_count(torch::optim::Optimizer& optimizer) {
+  int64_t count = 0;
+  const auto add = [&](const torch::Tensor& t) {
+    if (t.defined() && t.is_floating_point()) {
+      const auto magnitude = t.abs();
+      count += ((magnitude < std::numeric_limits<float>::min()) & (magnitude > 0)).sum().item<int64_t>();
+    }
+  };
+  for (const auto& item : optimizer.state()) {
+    if (const auto* state = dynamic_cast<const torch::optim::AdamParamState*>(item.second.get())) {
+      add(state->exp_avg());
+      add(state->exp_avg_sq());
+    }
+  }
+  return count;
+}
+
 void report(const Config& config, const std::string& backend, int rank, int world, int64_t steps,
-            const std::vector<Sample>& samples) {
+            const std::vector<Sample>& samples, int64_t subnormal) {
   const size_t warm = samples.size() / 5;
   std::vector<Sample> kept(samples.begin() + static_cast<std::ptrdiff_t>(warm), samples.end());
   if (kept.size() < 3) {
@@ -315,13 +355,14 @@ void report(const Config& config, const std::string& backend, int rank, int worl
       "soak variant=%s backend=%s world=%d rank=%d steps=%lld samples=%zu rss_mb_first=%.1f "
       "rss_mb_last=%.1f rss_slope_kb_per_1k_steps=%.2f rss_noise_kb=%.1f fds=%lld..%lld "
       "threads=%lld..%lld shm_kb=%lld..%lld step_ms_first=%.3f step_ms_last=%.3f step_ratio=%.3f "
-      "growth=%s\n",
+      "flush_denormal=%d subnormal=%lld growth=%s\n",
       config.variant.c_str(), backend.c_str(), world, rank, static_cast<long long>(steps), samples.size(),
       kept.front().rss_kb / 1024, kept.back().rss_kb / 1024, slope * 1000, noise,
       static_cast<long long>(fds.first), static_cast<long long>(fds.second),
       static_cast<long long>(threads.first), static_cast<long long>(threads.second),
       static_cast<long long>(shm.first), static_cast<long long>(shm.second), first_ms, last_ms,
-      first_ms > 0 ? last_ms / first_ms : 0, growth.empty() ? "none" : growth.c_str());
+      first_ms > 0 ? last_ms / first_ms : 0, config.flush_denormal ? 1 : 0, static_cast<long long>(subnormal),
+      growth.empty() ? "none" : growth.c_str());
   std::fflush(stdout);
 }
 
@@ -331,6 +372,8 @@ int main(int argc, char** argv) {
   const Config config = parse(argc, argv);
   try {
     torch::set_num_threads(1);
+    // See "Subnormal numbers" above; LibTorch's default is off.
+    at::globalContext().setFlushDenormal(config.flush_denormal);
     auto group = ddp::init_process_group();
     const int rank = group->rank();
     const int world = group->size();
@@ -374,7 +417,7 @@ int main(int argc, char** argv) {
         break;
       }
     }
-    report(config, group->backend_name(), rank, world, step, samples);
+    report(config, group->backend_name(), rank, world, step, samples, subnormal_count(*trainer.adam));
     ddp::destroy_process_group();
     return 0;
   } catch (const std::exception& e) {
