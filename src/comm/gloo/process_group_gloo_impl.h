@@ -465,7 +465,9 @@ class DDP_GLOO_HIDDEN ProcessGroupGloo::Impl {
             }
             const std::string op = c10::str(fingerprint.op, " #", fingerprint.seq);
             if (timed_out) {
-              found.missing = fingerprints->ranks_missing(fingerprint.seq);
+              // What the compare above just read: the same store calls
+              // twice would spend the budget for nothing.
+              found.missing = fingerprints->ranks_missing_when_last_compared(fingerprint.seq);
               // A rank still in an earlier collective waits for someone
               // else, as this one does: only the unseen are blamed.
               found.first = found.missing.unseen.empty()
