@@ -194,6 +194,13 @@ def main():
     if a.meta_init:
         with torch.device("meta"):
             model = GPT(a.layers, a.heads, a.embd, a.block, 0.0)
+    elif a.device == "cuda" and not a.init and not a.cpu_offload:
+        # Built and initialised on the GPU (the values from its generator): a
+        # model of billions of parameters takes longer to build on the host
+        # than to train a few steps.
+        with torch.device(device):
+            model = GPT(a.layers, a.heads, a.embd, a.block, 0.0)
+        init_weights(model, a.layers)
     else:
         model = GPT(a.layers, a.heads, a.embd, a.block, 0.0)
         init_weights(model, a.layers)

@@ -2,7 +2,7 @@
 # Copies what tests/gpu/verify.sh runs out of a CUDA build tree into a small
 # folder, for a GPU machine that has PyTorch (the same LibTorch the build
 # used) but no build tools: libddp, ddprun, the GPU tests and the programs
-# they launch, toy_model, the benchmarks verify.sh runs, and CTest's files,
+# they launch, toy_model, gpt_train, the benchmarks verify.sh runs, and CTest's files,
 # with the binaries stripped (a few tens of MB where the tree has GBs).
 #
 # Usage: bash tests/gpu/pack.sh BUILD_DIR OUT_DIR
@@ -15,7 +15,7 @@ rm -rf "$out"
 mkdir -p "$out/tests" "$out/bench" "$out/examples"
 out=$(cd "$out" && pwd)
 
-programs=(ddprun examples/toy_model bench/gpu_ddp_step_bench bench/zero_bench bench/fsdp_bench
+programs=(ddprun examples/toy_model examples/gpt_train bench/gpu_ddp_step_bench bench/zero_bench bench/fsdp_bench
           tests/checkpoint_interop_main tests/gpu_ddp_parity_main tests/gpu_zero_parity_main tests/gpu_fsdp_parity_main)
 # Every test labelled gpu that is a program of the build.
 while read -r name; do

@@ -16,7 +16,8 @@
 # ZeroRedundancyOptimizer (bench/zero_bench.cpp --device cuda,
 # bench/gpu/zero_step_bench.py) and FSDP's against PyTorch's FSDP
 # (bench/fsdp_bench.cpp --device cuda, bench/gpu/fsdp_step_bench.py).
-# DDP_VERIFY_BENCH=0 leaves the benchmarks out; DDP_VERIFY_ROUNDS=R sets
+# DDP_VERIFY_LARGEST=1 adds the largest GPT that the GPU trains, against
+# PyTorch (bench/gpu/gpt_largest.py). DDP_VERIFY_BENCH=0 leaves the benchmarks out; DDP_VERIFY_ROUNDS=R sets
 # their rounds (default 3); DDP_VERIFY_VERBOSE=1 shows every GPU test's
 # output (ctest -V), not only a failed one's. Exits non-zero when a check
 # fails; benchmark ratios never fail it.
@@ -99,6 +100,15 @@ if [[ ${DDP_VERIFY_BENCH:-1} != 0 ]]; then
       done
     done
   done
+fi
+
+# The largest GPT one GPU trains (DDP; FSDP with activation checkpointing;
+# with CPU offload) and its speed against PyTorch's on the same model: about
+# 15 minutes on an H200 (most of it ddp building billions of parameters on
+# the host), so only when asked.
+if [[ ${DDP_VERIFY_LARGEST:-0} == 1 ]]; then
+  step "The largest GPT on this GPU, against PyTorch (bench/gpu/gpt_largest.py)"
+  check gpt-largest "$python" "$root/bench/gpu/gpt_largest.py" "$build" --python "$python"
 fi
 
 echo
