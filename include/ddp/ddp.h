@@ -16,6 +16,7 @@
 #include <ddp/store/prefix_store.h>
 #include <ddp/comm/process_group.h>
 #include <ddp/comm/process_group_composite.h>
+#include <ddp/comm/process_group_fake.h>
 #include <ddp/comm/process_group_gloo.h>
 #include <ddp/comm/process_group_mpi.h>
 #include <ddp/store/store.h>

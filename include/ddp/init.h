@@ -16,8 +16,8 @@ namespace ddp {
 
 /// Which communication backend a process group uses.
 enum class Backend {
-  /// The backend named by the environment variable DDP_BACKEND (gloo, nccl
-  /// or mpi) when it is set, so that one binary runs under ddprun with Gloo
+  /// The backend named by the environment variable DDP_BACKEND (gloo, nccl,
+  /// mpi or fake) when it is set, so that one binary runs under ddprun with Gloo
   /// and under `DDP_BACKEND=mpi mpirun` with MPI. Otherwise: with NCCL in
   /// this build and a CUDA device present, a `CompositeProcessGroup` of Gloo
   /// for CPU tensors and NCCL for CUDA tensors (PyTorch 2.x's
@@ -31,9 +31,15 @@ enum class Backend {
   /// give the rank and size; no store and no MASTER_ADDR. In a ddp built
   /// with MPI (`DDP_WITH_MPI`).
   kMpi,
+  /// No other process: this one plays rank RANK of WORLD_SIZE
+  /// (`FakeProcessGroup`, include/ddp/comm/process_group_fake.h), for
+  /// seeing shapes, memory and traffic at any world size in one process.
+  /// No MASTER_ADDR, no network; the values it computes are not a real
+  /// job's.
+  kFake,
 };
 
-/// "auto", "gloo", "nccl" or "mpi".
+/// "auto", "gloo", "nccl", "mpi" or "fake".
 std::string to_string(Backend backend);
 
 /// Options of `init_process_group`.
@@ -86,7 +92,9 @@ WorldInfo world_info_from_env();
 /// rendezvous through it. With the MPI backend (`Backend::kMpi`, or
 /// DDP_BACKEND=mpi with `kAuto`), MPI's own world instead, and no store.
 /// With no launcher variables set at all, forms a world of size 1 without
-/// touching the network, so the same program runs alone. Returns the group,
+/// touching the network, so the same program runs alone. With the fake
+/// backend (`Backend::kFake`, or DDP_BACKEND=fake), a `FakeProcessGroup` of
+/// rank RANK of WORLD_SIZE and an in-process store. Returns the group,
 /// which stays the default until `destroy_process_group()`. Throws if a
 /// default group already exists.
 std::shared_ptr<ProcessGroup> init_process_group(const InitOptions& options = {});

@@ -1,4 +1,5 @@
-# The process-group core: Work, ProcessGroup, the composite group, the
+# The process-group core: Work, ProcessGroup, the composite group, the fake
+# group (src/comm/fake/: one process playing one rank of any world), the
 # argument checks, reduce kernels and send/recv Work the backends share, the
 # buffers in shared memory that Gloo and MPI reduce in (src/comm/shm/), and
 # init_process_group. Each backend is a part of its own in its folder. The
@@ -28,7 +29,8 @@ ddp_add_part(ddp_comm
   src/comm/init.cpp
   src/comm/rendezvous_arrival.cpp
   src/comm/slurm_env.cpp
-  src/comm/subgroups.cpp)
+  src/comm/subgroups.cpp
+  src/comm/fake/process_group_fake.cpp)
 
 # The backends' parts reuse this precompiled <ATen/ATen.h> (set in their
 # files): compiling one costs ~22 s of CPU, and the README's first command

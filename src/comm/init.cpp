@@ -16,6 +16,7 @@
 
 #include <ddp/store/hash_store.h>
 #include <ddp/comm/process_group_composite.h>
+#include <ddp/comm/process_group_fake.h>
 #include <ddp/comm/process_group_gloo.h>
 #ifdef DDP_WITH_MPI
 #include <ddp/comm/process_group_mpi.h>
@@ -47,6 +48,8 @@ std::string to_string(Backend backend) {
       return "nccl";
     case Backend::kMpi:
       return "mpi";
+    case Backend::kFake:
+      return "fake";
   }
   return "unknown";
 }
@@ -126,19 +129,21 @@ Backend resolve_backend(Backend requested) {
   if (requested != Backend::kAuto || !name || name->empty() || *name == "auto") {
     return requested;
   }
-  for (Backend backend : {Backend::kGloo, Backend::kNccl, Backend::kMpi}) {
+  for (Backend backend : {Backend::kGloo, Backend::kNccl, Backend::kMpi, Backend::kFake}) {
     if (*name == to_string(backend)) {
       return backend;
     }
   }
   DDP_CHECK(false, "init_process_group: DDP_BACKEND='", *name,
-            "' names no backend; use gloo, nccl or mpi (or auto, or leave it unset)");
+            "' names no backend; use gloo, nccl, mpi or fake (or auto, or leave it unset)");
   return requested;
 }
 
-// MPI's launcher gives the world itself: no rendezvous address is needed.
-bool env_asks_for_mpi() {
-  return internal::env_get(internal::kEnvBackend).value_or("") == "mpi";
+// MPI's launcher gives the world itself, and the fake backend meets no one:
+// no rendezvous address is needed.
+bool env_needs_no_master() {
+  const auto name = internal::env_get(internal::kEnvBackend).value_or("");
+  return name == "mpi" || name == "fake";
 }
 
 // Under srun, what stands in for MASTER_ADDR and MASTER_PORT when they are
@@ -162,7 +167,7 @@ void read_master(EnvReport& report, WorldInfo& info, const char* size_name, cons
     port = defaults.port;
     report.derived(c10::str("MASTER_PORT from SLURM_JOB_ID: ", *port));
   }
-  if (info.world_size > 1 && !env_asks_for_mpi()) {
+  if (info.world_size > 1 && !env_needs_no_master()) {
     if (!addr || addr->empty()) {
       report.problem(c10::str("MASTER_ADDR is not set (needed when ", size_name,
                               " > 1; under mpirun or srun, DDP_BACKEND=mpi needs none)", defaults.hint));
@@ -410,6 +415,9 @@ std::shared_ptr<ProcessGroup> create_group(std::shared_ptr<Store> store, int ran
     return create_mpi_group(options, rank, world_size, mpi_ranks); // MPI needs no store
   }
   DDP_CHECK(store != nullptr, "init_process_group: the store is null");
+  if (backend == Backend::kFake) {
+    return FakeProcessGroup::create(rank, world_size, options.timeout());
+  }
   const auto make_gloo = [&] {
     return ProcessGroupGloo::create(store, rank, world_size,
                                     ProcessGroupGlooOptions()
@@ -447,6 +455,28 @@ std::shared_ptr<ProcessGroup> create_group(std::shared_ptr<Store> store, int ran
             "which also accepts CUDA tensors");
 #endif
   return make_gloo();
+}
+
+// The fake backend's world: RANK and WORLD_SIZE, the rank this process
+// plays and the world it plays it in; nothing to meet, so no MASTER_ADDR.
+WorldInfo fake_world_from_env() {
+  EnvReport report;
+  auto size = report.read_int(internal::kEnvWorldSize, 1, kMaxWorld, true);
+  auto rank = report.read_int(internal::kEnvRank, 0, kMaxWorld, true);
+  if (rank && size && *rank >= *size) {
+    report.problem(c10::str("RANK=", *rank, " is not below WORLD_SIZE=", *size));
+  }
+  report.throw_if_problems("fake backend's",
+                           "RANK and WORLD_SIZE (integers, 0 <= RANK < WORLD_SIZE): the rank this process "
+                           "plays and the size of the world it plays it in (no MASTER_ADDR: there is no "
+                           "one to meet)");
+  WorldInfo info;
+  info.source = "fake";
+  info.world_size = *size;
+  info.rank = *rank;
+  info.local_rank = info.rank;
+  info.local_world_size = info.world_size;
+  return info;
 }
 
 } // namespace
@@ -541,12 +571,14 @@ std::shared_ptr<ProcessGroup> init_process_group(const InitOptions& options) {
     set_default_context(nullptr, "", Backend::kMpi);
     return default_group_slot();
   }
-  const WorldInfo info = world_info_from_env();
+  const bool fake = resolve_backend(options.backend()) == Backend::kFake;
+  const WorldInfo info = fake ? fake_world_from_env() : world_info_from_env();
   std::shared_ptr<Store> store;
   std::unique_ptr<EnvStore> env_store;
-  if (info.world_size == 1 && info.master_addr.empty()) {
-    // Alone: no launcher, or a launcher with one rank and no master. Nothing
-    // to meet, so no network.
+  if (fake || (info.world_size == 1 && info.master_addr.empty())) {
+    // Alone: no launcher, a launcher with one rank and no master, or the
+    // fake backend, whose other ranks do not exist. Nothing to meet, so no
+    // network.
     store = std::make_shared<HashStore>();
   } else if (const auto agent = internal::env_get(internal::kEnvTorchelasticUseAgentStore);
              agent && (*agent == "True" || *agent == "true" || *agent == "1")) {

@@ -324,7 +324,7 @@ std::shared_ptr<ProcessGroup> new_group(std::vector<int> ranks, const NewGroupOp
 
   if (backend == Backend::kMpi) {
     agree_through_default_group(context, std::stoi(id), ranks, timeout);
-  } else if (member) {
+  } else if (member && backend != Backend::kFake) { // a fake group's other ranks do not exist
     agree_through_store(context, id, ranks, timeout);
   }
 

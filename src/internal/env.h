@@ -73,8 +73,9 @@ inline constexpr EnvVar kEnvOmpiLocalRank{"OMPI_COMM_WORLD_LOCAL_RANK", nullptr,
 inline constexpr EnvVar kEnvOmpiLocalSize{"OMPI_COMM_WORLD_LOCAL_SIZE", nullptr, "Open MPI's local world size."};
 // Backend choice.
 inline constexpr EnvVar kEnvBackend{"DDP_BACKEND", nullptr,
-    "gloo, nccl or mpi: the backend that Backend::kAuto (InitOptions' default) means, so that one "
-    "binary runs under ddprun with Gloo and under `DDP_BACKEND=mpi mpirun -np N` with MPI. An "
+    "gloo, nccl, mpi or fake: the backend that Backend::kAuto (InitOptions' default) means, so that one "
+    "binary runs under ddprun with Gloo and under `DDP_BACKEND=mpi mpirun -np N` with MPI; fake plays "
+    "rank RANK of WORLD_SIZE in one process (docs/scaling.md). An "
     "explicit InitOptions::backend wins. Unset or auto: NCCL with Gloo when built with NCCL and a "
     "GPU is present, else Gloo."};
 inline constexpr EnvVar kEnvMpiSharedMemoryMinBytes{"DDP_MPI_SHARED_MEMORY_MIN_BYTES", nullptr,

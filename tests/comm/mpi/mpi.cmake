@@ -14,7 +14,7 @@ ddp_use_test_pch(mpi_failure_main)
 
 # DDP_BACKEND that names no backend, in every build.
 ddp_add_output_test(ddp_backend_env_invalid EXIT nonzero
-  REGEX "DDP_BACKEND='mip' names no backend; use gloo, nccl or mpi"
+  REGEX "DDP_BACKEND='mip' names no backend; use gloo, nccl, mpi or fake"
   TIMEOUT 30 LABELS unit ENV "DDP_BACKEND=mip" COMMAND $<TARGET_FILE:mpi_failure_main> init)
 
 if(NOT DDP_HAVE_MPI)

@@ -1,0 +1,257 @@
+// The fake backend: every operation's arguments checked as the real
+// backends check them, its outputs those of a world in which every rank
+// holds this rank's inputs, and the bytes this rank would have sent
+// counted. See the class comment in include/ddp/comm/process_group_fake.h.
+
+#include <ddp/comm/process_group_fake.h>
+
+#include <ATen/ATen.h>
+
+#include <numeric>
+#include <utility>
+
+#include "comm/alltoall_splits.h"
+#include "comm/collective_checks.h"
+#include "internal/check.h"
+
+namespace ddp {
+namespace {
+
+void check_fake_tensor(const at::Tensor& t, const std::string& who, const std::string& what) {
+  DDP_CHECK(t.defined(), who, ": ", what, " is an undefined tensor");
+  internal::check_strided(t, who, what, "the fake backend takes dense tensors only");
+}
+
+// Any device (the meta device too) and dtype; dense tensors.
+constexpr internal::TensorRules kFakeRules{&check_fake_tensor, nullptr, nullptr};
+
+void check_fake_reducible(at::ScalarType dtype, ReduceOp op, const std::string& who) {
+  if (op == ReduceOp::kAvg) {
+    DDP_CHECK(at::isFloatingType(dtype) || at::isComplexType(dtype), who,
+              ": AVG needs a floating-point dtype (got ", dtype, "); use SUM and divide");
+  }
+  if (op == ReduceOp::kBand || op == ReduceOp::kBor || op == ReduceOp::kBxor) {
+    DDP_CHECK(at::isIntegralType(dtype, /*includeBool=*/true), who, ": ", to_string(op),
+              " needs an integer or bool dtype (got ", dtype, ")");
+  }
+}
+
+// `t` as if `size` ranks had each held it and reduced it with `op`.
+void mirror_reduce(const at::Tensor& t, ReduceOp op, int size) {
+  if (size == 1) {
+    return;
+  }
+  const bool is_bool = t.scalar_type() == at::kBool;
+  switch (op) {
+    case ReduceOp::kSum:
+      if (!is_bool) { // a bool SUM is an OR
+        t.mul_(size);
+      }
+      break;
+    case ReduceOp::kProduct:
+      if (!is_bool) { // a bool PRODUCT is an AND
+        t.pow_(size);
+      }
+      break;
+    case ReduceOp::kBxor:
+      if (size % 2 == 0) {
+        t.zero_();
+      }
+      break;
+    case ReduceOp::kAvg:
+    case ReduceOp::kMin:
+    case ReduceOp::kMax:
+    case ReduceOp::kBand:
+    case ReduceOp::kBor:
+      break;
+  }
+}
+
+int64_t total_bytes(const std::vector<at::Tensor>& tensors) {
+  int64_t total = 0;
+  for (const auto& t : tensors) {
+    total += static_cast<int64_t>(t.nbytes());
+  }
+  return total;
+}
+
+// A flat, writable view of `t`'s elements: `t` itself when contiguous, else
+// a contiguous copy that `write_back` copies into `t`.
+struct FlatOutput {
+  at::Tensor target, flat;
+  explicit FlatOutput(const at::Tensor& t) : target(t), flat(t.is_contiguous() ? t.view({-1}) : t.contiguous().view({-1})) {}
+  void write_back() {
+    if (!target.is_contiguous()) {
+      target.copy_(flat.view(target.sizes()));
+    }
+  }
+};
+
+} // namespace
+
+std::shared_ptr<FakeProcessGroup> FakeProcessGroup::create(int rank, int size, std::chrono::milliseconds timeout) {
+  return std::make_shared<FakeProcessGroup>(rank, size, timeout);
+}
+
+FakeProcessGroup::FakeProcessGroup(int rank, int size, std::chrono::milliseconds timeout)
+    : ProcessGroup(rank, size, timeout) {} // which checks the rank and size
+
+std::shared_ptr<Work> FakeProcessGroup::done(const char* op, int64_t bytes_sent, std::vector<at::Tensor> result) {
+  {
+    std::lock_guard<std::mutex> lock(mutex_);
+    auto& entry = traffic_[op];
+    entry.calls += 1;
+    entry.bytes_sent += size() > 1 ? bytes_sent : 0;
+  }
+  return Work::completed(std::move(result));
+}
+
+std::shared_ptr<Work> FakeProcessGroup::allreduce(const at::Tensor& tensor, const AllreduceOptions& options) {
+  const std::string who = rank_prefix() + " allreduce";
+  check_fake_tensor(tensor, who, "tensor");
+  check_fake_reducible(tensor.scalar_type(), options.op, who);
+  mirror_reduce(tensor, options.op, size());
+  const int64_t w = size();
+  return done("allreduce", 2 * (w - 1) * static_cast<int64_t>(tensor.nbytes()) / w, {tensor});
+}
+
+std::shared_ptr<Work> FakeProcessGroup::allreduce_coalesced(const std::vector<at::Tensor>& tensors,
+                                                            const AllreduceOptions& options) {
+  const std::string who = rank_prefix() + " allreduce_coalesced";
+  internal::check_coalesced(tensors, who, kFakeRules);
+  check_fake_reducible(tensors.front().scalar_type(), options.op, who);
+  for (const auto& t : tensors) {
+    mirror_reduce(t, options.op, size());
+  }
+  const int64_t w = size();
+  return done("allreduce_coalesced", 2 * (w - 1) * total_bytes(tensors) / w, tensors);
+}
+
+std::shared_ptr<Work> FakeProcessGroup::broadcast(const at::Tensor& tensor, const BroadcastOptions& options) {
+  const std::string who = rank_prefix() + " broadcast";
+  internal::check_rooted(tensor, options.root_rank, size(), who, kFakeRules);
+  // A chain from the root: every rank but the last forwards the tensor.
+  const bool last = rank() == (options.root_rank + size() - 1) % size();
+  return done("broadcast", last ? 0 : static_cast<int64_t>(tensor.nbytes()), {tensor});
+}
+
+std::shared_ptr<Work> FakeProcessGroup::reduce(const at::Tensor& tensor, const ReduceOptions& options) {
+  const std::string who = rank_prefix() + " reduce";
+  internal::check_rooted(tensor, options.root_rank, size(), who, kFakeRules);
+  check_fake_reducible(tensor.scalar_type(), options.op, who);
+  const bool root = rank() == options.root_rank;
+  if (root) {
+    mirror_reduce(tensor, options.op, size());
+  }
+  return done("reduce", root ? 0 : static_cast<int64_t>(tensor.nbytes()), {tensor});
+}
+
+std::shared_ptr<Work> FakeProcessGroup::allgather(const std::vector<at::Tensor>& outputs, const at::Tensor& input,
+                                                  const AllgatherOptions&) {
+  internal::check_allgather(outputs, input, size(), rank_prefix() + " allgather", kFakeRules);
+  for (const auto& out : outputs) {
+    out.copy_(input);
+  }
+  return done("allgather", (size() - 1) * static_cast<int64_t>(input.nbytes()), outputs);
+}
+
+std::shared_ptr<Work> FakeProcessGroup::allgather_into_tensor(const at::Tensor& output, const at::Tensor& input,
+                                                              const AllgatherOptions&) {
+  internal::check_allgather_into_tensor(output, input, size(), rank_prefix() + " allgather_into_tensor", kFakeRules);
+  FlatOutput out(output);
+  const int64_t n = input.numel();
+  out.flat.view({size(), n}).copy_(input.reshape({1, n}).expand({size(), n}));
+  out.write_back();
+  return done("allgather_into_tensor", (size() - 1) * static_cast<int64_t>(input.nbytes()), {output});
+}
+
+std::shared_ptr<Work> FakeProcessGroup::gather(const std::vector<at::Tensor>& outputs, const at::Tensor& input,
+                                               const GatherOptions& options) {
+  internal::check_gather(outputs, input, rank(), options.root_rank, size(), rank_prefix() + " gather", kFakeRules);
+  for (const auto& out : outputs) { // empty but on the root
+    out.copy_(input);
+  }
+  const bool root = rank() == options.root_rank;
+  return done("gather", root ? 0 : static_cast<int64_t>(input.nbytes()), outputs);
+}
+
+std::shared_ptr<Work> FakeProcessGroup::scatter(const at::Tensor& output, const std::vector<at::Tensor>& inputs,
+                                                const ScatterOptions& options) {
+  internal::check_scatter(output, inputs, rank(), options.root_rank, size(), rank_prefix() + " scatter", kFakeRules);
+  int64_t sent = 0;
+  if (rank() == options.root_rank) {
+    output.copy_(inputs[static_cast<size_t>(rank())]);
+    sent = total_bytes(inputs) - static_cast<int64_t>(inputs[static_cast<size_t>(rank())].nbytes());
+  }
+  return done("scatter", sent, {output});
+}
+
+std::shared_ptr<Work> FakeProcessGroup::reduce_scatter(const at::Tensor& output, const std::vector<at::Tensor>& inputs,
+                                                       const ReduceScatterOptions& options) {
+  const std::string who = rank_prefix() + " reduce_scatter";
+  internal::check_reduce_scatter(output, inputs, rank(), size(), who, kFakeRules);
+  check_fake_reducible(output.scalar_type(), options.op, who);
+  const auto& mine = inputs[static_cast<size_t>(rank())];
+  output.copy_(mine.reshape(output.sizes()));
+  mirror_reduce(output, options.op, size());
+  return done("reduce_scatter", total_bytes(inputs) - static_cast<int64_t>(mine.nbytes()), {output});
+}
+
+std::shared_ptr<Work> FakeProcessGroup::alltoall(const at::Tensor& output, const at::Tensor& input,
+                                                 const AlltoallOptions& options) {
+  const auto layout = internal::check_alltoall(output, input, size(), options, rank_prefix() + " alltoall", kFakeRules);
+  const auto me = static_cast<size_t>(rank());
+  const at::Tensor in = input.reshape({-1});
+  const at::Tensor own = in.narrow(0, layout.send_offsets[me], layout.send_counts[me]);
+  FlatOutput out(output);
+  for (size_t peer = 0; peer < layout.recv_counts.size(); ++peer) {
+    // Every peer sends this rank what this rank sends itself, where the
+    // sizes allow it.
+    if (layout.recv_counts[peer] == layout.send_counts[me]) {
+      out.flat.narrow(0, layout.recv_offsets[peer], layout.recv_counts[peer]).copy_(own);
+    }
+  }
+  out.write_back();
+  const int64_t sent = std::accumulate(layout.send_counts.begin(), layout.send_counts.end(), int64_t{0}) -
+                       layout.send_counts[me];
+  return done("alltoall", sent * static_cast<int64_t>(input.element_size()), {output});
+}
+
+std::shared_ptr<Work> FakeProcessGroup::barrier(const BarrierOptions&) {
+  return done("barrier", 0, {});
+}
+
+std::shared_ptr<Work> FakeProcessGroup::send(const at::Tensor& tensor, int dst_rank,
+                                             const PointToPointOptions& options) {
+  internal::check_point_to_point(tensor, dst_rank, options.tag, rank(), size(), rank_prefix() + " send", "destination",
+                                 kFakeRules);
+  return done("send", static_cast<int64_t>(tensor.nbytes()), {tensor});
+}
+
+std::shared_ptr<Work> FakeProcessGroup::recv(const at::Tensor& tensor, int src_rank,
+                                             const PointToPointOptions& options) {
+  internal::check_point_to_point(tensor, src_rank, options.tag, rank(), size(), rank_prefix() + " recv", "source",
+                                 kFakeRules);
+  return done("recv", 0, {tensor});
+}
+
+std::map<std::string, FakeTraffic> FakeProcessGroup::traffic() const {
+  std::lock_guard<std::mutex> lock(mutex_);
+  return traffic_;
+}
+
+int64_t FakeProcessGroup::bytes_sent() const {
+  std::lock_guard<std::mutex> lock(mutex_);
+  int64_t total = 0;
+  for (const auto& entry : traffic_) {
+    total += entry.second.bytes_sent;
+  }
+  return total;
+}
+
+void FakeProcessGroup::reset_traffic() {
+  std::lock_guard<std::mutex> lock(mutex_);
+  traffic_.clear();
+}
+
+} // namespace ddp

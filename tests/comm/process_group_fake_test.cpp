@@ -1,0 +1,300 @@
+// The fake backend (include/ddp/comm/process_group_fake.h): outputs as if
+// every rank held this rank's inputs, the bytes each collective would have
+// sent, the same argument checks as the real backends, meta tensors, and
+// DDP, ZeRO and FSDP run as one rank of a large world in one process.
+
+#include <gtest/gtest.h>
+#include <torch/torch.h>
+
+#include <stdlib.h>
+
+#include <ddp/ddp.h>
+
+namespace ddp {
+namespace {
+
+int64_t sent(const FakeProcessGroup& group, const std::string& op) {
+  const auto traffic = group.traffic();
+  const auto it = traffic.find(op);
+  return it == traffic.end() ? 0 : it->second.bytes_sent;
+}
+
+TEST(FakeProcessGroup, ReductionsAreThoseOfRanksHoldingTheSameTensor) {
+  auto group = FakeProcessGroup::create(1, 4);
+  EXPECT_EQ(group->backend_name(), "fake");
+  auto t = torch::tensor({1.0f, 2.0f, 3.0f});
+  group->allreduce(t)->wait();
+  EXPECT_TRUE(t.equal(torch::tensor({4.0f, 8.0f, 12.0f})));
+  group->allreduce(t, {ReduceOp::kAvg})->wait();
+  EXPECT_TRUE(t.equal(torch::tensor({4.0f, 8.0f, 12.0f})));
+  for (ReduceOp op : {ReduceOp::kMin, ReduceOp::kMax}) {
+    group->allreduce(t, {op})->wait();
+    EXPECT_TRUE(t.equal(torch::tensor({4.0f, 8.0f, 12.0f}))) << to_string(op);
+  }
+  auto p = torch::tensor({2, 3}, torch::kLong);
+  group->allreduce(p, {ReduceOp::kProduct})->wait();
+  EXPECT_TRUE(p.equal(torch::tensor({16, 81}, torch::kLong)));
+  group->allreduce(p, {ReduceOp::kBxor})->wait(); // an even number of equal values
+  EXPECT_TRUE(p.equal(torch::zeros({2}, torch::kLong)));
+  auto flags = torch::tensor({true, false});
+  group->allreduce(flags)->wait(); // a bool SUM is an OR
+  EXPECT_TRUE(flags.equal(torch::tensor({true, false})));
+
+  // reduce: the root's tensor reduced, the others' left.
+  auto root = torch::ones({2});
+  group->reduce(root, {ReduceOp::kSum, 1})->wait();
+  EXPECT_TRUE(root.equal(torch::full({2}, 4.0f)));
+  auto other = torch::ones({2});
+  group->reduce(other, {ReduceOp::kSum, 0})->wait();
+  EXPECT_TRUE(other.equal(torch::ones({2})));
+
+  // reduce_scatter: this rank's chunk, reduced over 4 equal ones.
+  auto out = torch::zeros({2});
+  group->reduce_scatter(out, {torch::full({2}, 1.0f), torch::full({2}, 2.0f), torch::full({2}, 3.0f),
+                              torch::full({2}, 4.0f)})
+      ->wait();
+  EXPECT_TRUE(out.equal(torch::full({2}, 8.0f)));
+}
+
+TEST(FakeProcessGroup, GathersRepeatThisRanksInput) {
+  auto group = FakeProcessGroup::create(2, 3);
+  const auto input = torch::tensor({5.0f, 6.0f});
+  std::vector<at::Tensor> outputs{torch::zeros({2}), torch::zeros({2}), torch::zeros({2})};
+  group->allgather(outputs, input)->wait();
+  for (const auto& o : outputs) {
+    EXPECT_TRUE(o.equal(input));
+  }
+  auto flat = torch::zeros({6});
+  group->allgather_into_tensor(flat, input)->wait();
+  EXPECT_TRUE(flat.equal(torch::tensor({5.0f, 6.0f, 5.0f, 6.0f, 5.0f, 6.0f})));
+  // A non-contiguous output gets the same.
+  auto wide = torch::zeros({6, 2});
+  auto column = wide.select(1, 1);
+  group->allgather_into_tensor(column, input)->wait();
+  EXPECT_TRUE(column.equal(flat));
+  // gather on the root; a non-root passes no outputs.
+  std::vector<at::Tensor> gathered{torch::zeros({2}), torch::zeros({2}), torch::zeros({2})};
+  group->gather(gathered, input, {2})->wait();
+  EXPECT_TRUE(gathered[0].equal(input));
+  group->gather({}, input, {0})->wait();
+  // scatter from this rank: its own chunk.
+  auto scattered = torch::zeros({2});
+  group->scatter(scattered, {torch::ones({2}), torch::full({2}, 2.0f), torch::full({2}, 3.0f)}, {2})->wait();
+  EXPECT_TRUE(scattered.equal(torch::full({2}, 3.0f)));
+  // broadcast and recv leave the tensor as it was.
+  auto kept = torch::tensor({7.0f});
+  group->broadcast(kept, {0})->wait();
+  group->recv(kept, 0)->wait();
+  EXPECT_TRUE(kept.equal(torch::tensor({7.0f})));
+}
+
+TEST(FakeProcessGroup, AlltoallReceivesWhatThisRankSendsItself) {
+  auto group = FakeProcessGroup::create(1, 3);
+  auto output = torch::zeros({3});
+  group->alltoall(output, torch::tensor({10.0f, 11.0f, 12.0f}))->wait();
+  EXPECT_TRUE(output.equal(torch::full({3}, 11.0f)));
+  // Uneven: this rank sends itself 2 rows; peers whose chunk has another
+  // size leave theirs as it was.
+  AlltoallOptions options;
+  options.input_split_sizes = {1, 2, 1};
+  options.output_split_sizes = {2, 2, 3};
+  auto uneven = torch::full({7}, -1.0f);
+  group->alltoall(uneven, torch::tensor({1.0f, 2.0f, 3.0f, 4.0f}), options)->wait();
+  EXPECT_TRUE(uneven.equal(torch::tensor({2.0f, 3.0f, 2.0f, 3.0f, -1.0f, -1.0f, -1.0f})));
+  EXPECT_EQ(sent(*group, "alltoall"), (2 + 2) * 4); // 2 elements to the others, then 2
+}
+
+TEST(FakeProcessGroup, CountsTheBytesEachRankWouldSend) {
+  auto group = FakeProcessGroup::create(1, 4);
+  const auto t = torch::zeros({1000}); // 4000 bytes
+  group->allreduce(t)->wait();
+  EXPECT_EQ(sent(*group, "allreduce"), 2 * 3 * 4000 / 4);
+  group->allreduce_coalesced({torch::zeros({100}), torch::zeros({300})})->wait();
+  EXPECT_EQ(sent(*group, "allreduce_coalesced"), 2 * 3 * 1600 / 4);
+  std::vector<at::Tensor> outputs(4, torch::zeros({1000}));
+  for (auto& o : outputs) {
+    o = torch::zeros({1000});
+  }
+  group->allgather(outputs, t)->wait();
+  EXPECT_EQ(sent(*group, "allgather"), 3 * 4000);
+  group->allgather_into_tensor(torch::zeros({4000}), t)->wait();
+  EXPECT_EQ(sent(*group, "allgather_into_tensor"), 3 * 4000);
+  group->reduce_scatter(torch::zeros({1000}), outputs)->wait();
+  EXPECT_EQ(sent(*group, "reduce_scatter"), 3 * 4000);
+  group->broadcast(t, {2})->wait(); // the chain 2, 3, 0, 1: rank 1 is last
+  EXPECT_EQ(sent(*group, "broadcast"), 0);
+  group->broadcast(t, {0})->wait(); // 0, 1, 2, 3: rank 1 forwards
+  EXPECT_EQ(sent(*group, "broadcast"), 4000);
+  group->reduce(t, {ReduceOp::kSum, 1})->wait(); // the root receives
+  EXPECT_EQ(sent(*group, "reduce"), 0);
+  group->gather({}, t, {0})->wait();
+  EXPECT_EQ(sent(*group, "gather"), 4000);
+  group->send(t, 3)->wait();
+  EXPECT_EQ(sent(*group, "send"), 4000);
+  group->recv(t, 3)->wait();
+  group->barrier()->wait();
+  EXPECT_EQ(sent(*group, "recv") + sent(*group, "barrier"), 0);
+  const auto traffic = group->traffic();
+  EXPECT_EQ(traffic.at("broadcast").calls, 2);
+  EXPECT_EQ(traffic.at("barrier").calls, 1);
+  EXPECT_EQ(group->bytes_sent(), 6000 + 2400 + 12000 + 12000 + 12000 + 4000 + 4000 + 4000);
+  group->reset_traffic();
+  EXPECT_EQ(group->bytes_sent(), 0);
+  EXPECT_TRUE(group->traffic().empty());
+
+  // Alone, nothing is sent.
+  auto alone = FakeProcessGroup::create(0, 1);
+  alone->allreduce(t)->wait();
+  EXPECT_EQ(alone->bytes_sent(), 0);
+}
+
+TEST(FakeProcessGroup, ChecksArgumentsAsTheRealBackends) {
+  auto group = FakeProcessGroup::create(0, 4);
+  const auto t = torch::zeros({4});
+  EXPECT_THROW(group->allgather({torch::zeros({4})}, t), c10::Error);     // one output, not 4
+  EXPECT_THROW(group->allgather_into_tensor(torch::zeros({8}), t), c10::Error);
+  EXPECT_THROW(group->allreduce(torch::zeros({2}, torch::kLong), {ReduceOp::kAvg}), c10::Error);
+  EXPECT_THROW(group->allreduce(t, {ReduceOp::kBand}), c10::Error);
+  EXPECT_THROW(group->broadcast(t, {4}), c10::Error);
+  EXPECT_THROW(group->send(t, 0), c10::Error); // to itself
+  EXPECT_THROW(group->allreduce(at::Tensor()), c10::Error);
+  try {
+    FakeProcessGroup::create(4, 4);
+    ADD_FAILURE() << "rank 4 of 4 was accepted";
+  } catch (const c10::Error& e) {
+    EXPECT_NE(std::string(e.what_without_backtrace()).find("rank 4 is out of range for world size 4"), std::string::npos)
+        << e.what_without_backtrace();
+  }
+}
+
+TEST(FakeProcessGroup, TakesMetaTensors) {
+  auto group = FakeProcessGroup::create(3, 1024);
+  const auto shard = torch::empty({1000}, torch::TensorOptions().device(torch::kMeta));
+  auto full = torch::empty({1024 * 1000}, torch::TensorOptions().device(torch::kMeta));
+  group->allgather_into_tensor(full, shard)->wait();
+  group->allreduce(full)->wait();
+  group->reduce_scatter(shard, std::vector<at::Tensor>(1024, shard))->wait();
+  EXPECT_EQ(sent(*group, "allgather_into_tensor"), 1023 * 4000);
+  EXPECT_EQ(sent(*group, "allreduce"), 2 * 1023 * int64_t{4096000} / 1024);
+}
+
+// One rank of 8, in one process: the gradients are a single process's (every
+// rank holds the same batch), and the step sends 2 (W - 1) / W of them.
+TEST(FakeProcessGroup, DdpStepAsOneRankOfEight) {
+  auto group = FakeProcessGroup::create(3, 8);
+  torch::manual_seed(0);
+  auto net = torch::nn::Sequential(torch::nn::Linear(64, 256), torch::nn::ReLU(), torch::nn::Linear(256, 8));
+  torch::manual_seed(0);
+  auto reference = torch::nn::Sequential(torch::nn::Linear(64, 256), torch::nn::ReLU(), torch::nn::Linear(256, 8));
+  DistributedDataParallel model(net, DistributedDataParallelOptions().process_group(group));
+  group->reset_traffic();
+  const auto x = torch::randn({16, 64});
+  model(x).square().mean().backward();
+  reference->forward(x).square().mean().backward();
+  int64_t grad_bytes = 0;
+  const auto ours = net->parameters();
+  const auto theirs = reference->parameters();
+  for (size_t i = 0; i < ours.size(); ++i) {
+    EXPECT_TRUE(torch::allclose(ours[i].grad(), theirs[i].grad(), 1e-6, 1e-7)) << "parameter " << i;
+    grad_bytes += static_cast<int64_t>(ours[i].nbytes());
+  }
+  // Each bucket's share rounds down: at most a byte per bucket below.
+  EXPECT_LE(group->bytes_sent(), 2 * 7 * grad_bytes / 8);
+  EXPECT_GE(group->bytes_sent(), 2 * 7 * grad_bytes / 8 - 8);
+}
+
+// FSDP at a world of 1024 in one process: each rank keeps 1/1024 of each
+// unit, and one step gathers each unit twice (forward, backward) and
+// reduce-scatters its gradient once.
+TEST(FakeProcessGroup, FsdpStepAsOneRankOf1024) {
+  auto group = FakeProcessGroup::create(5, 1024);
+  // A Sequential's children with parameters are its units.
+  torch::nn::Sequential net(torch::nn::Linear(128, 128), torch::nn::Tanh(), torch::nn::Linear(128, 128),
+                            torch::nn::Tanh(), torch::nn::Linear(128, 128));
+  FullyShardedDataParallel model(net, FullyShardedDataParallelOptions().process_group(group));
+  ASSERT_EQ(model->num_units(), 3u);
+  const int64_t unit = 128 * 128 + 128;
+  const int64_t shard = (unit + 1023) / 1024;
+  int64_t local = 0;
+  for (const auto& p : model->parameters()) {
+    local += p.numel();
+  }
+  EXPECT_EQ(local, 3 * shard);
+  group->reset_traffic();
+  torch::optim::SGD optimizer(model->parameters(), 0.1);
+  model(torch::randn({4, 128})).sum().backward();
+  optimizer.step();
+  const auto traffic = group->traffic();
+  ASSERT_EQ(traffic.count("allgather_into_tensor"), 1u);
+  EXPECT_EQ(traffic.at("allgather_into_tensor").bytes_sent,
+            traffic.at("allgather_into_tensor").calls * 1023 * shard * 4);
+  EXPECT_GE(traffic.at("allgather_into_tensor").calls, 3);
+  ASSERT_EQ(traffic.count("reduce_scatter"), 1u);
+  EXPECT_EQ(traffic.at("reduce_scatter").calls, 3);
+  EXPECT_EQ(traffic.at("reduce_scatter").bytes_sent, 3 * 1023 * shard * 4);
+}
+
+TEST(FakeProcessGroup, ZeroStepAsOneRankOfFour) {
+  auto group = FakeProcessGroup::create(2, 4);
+  auto net = torch::nn::Sequential(torch::nn::Linear(32, 32), torch::nn::Linear(32, 32), torch::nn::Linear(32, 32),
+                                    torch::nn::Linear(32, 4));
+  DistributedDataParallel model(net, DistributedDataParallelOptions().process_group(group));
+  optim::ZeroRedundancyOptimizer<torch::optim::Adam> optimizer(
+      model->parameters(), torch::optim::AdamOptions(1e-3), optim::ZeroRedundancyOptimizerOptions().process_group(group));
+  group->reset_traffic();
+  model(torch::randn({8, 32})).sum().backward();
+  optimizer.step();
+  EXPECT_GT(sent(*group, "allreduce"), 0);
+  // The updated parameters go out from their owners: this rank sends what it
+  // owns and forwards the rest along the broadcast chains.
+  EXPECT_GT(group->traffic().count("broadcast") + group->traffic().count("allgather_into_tensor"), 0u);
+}
+
+// DDP_BACKEND=fake: init_process_group makes rank RANK of WORLD_SIZE with no
+// MASTER_ADDR, and new_group makes fake subgroups without meeting anyone.
+TEST(FakeProcessGroup, InitProcessGroupFromTheEnvironment) {
+  ::setenv("DDP_BACKEND", "fake", 1);
+  ::setenv("RANK", "600", 1);
+  ::setenv("WORLD_SIZE", "1024", 1);
+  ::unsetenv("MASTER_ADDR");
+  ::unsetenv("MASTER_PORT");
+  auto group = init_process_group();
+  EXPECT_EQ(group->backend_name(), "fake");
+  EXPECT_EQ(group->rank(), 600);
+  EXPECT_EQ(group->size(), 1024);
+  std::vector<int> low(512), high(512);
+  for (int i = 0; i < 512; ++i) {
+    low[static_cast<size_t>(i)] = i;
+    high[static_cast<size_t>(i)] = 512 + i;
+  }
+  auto outside = new_group(low);
+  auto inside = new_group(high);
+  EXPECT_FALSE(is_member(outside));
+  ASSERT_TRUE(is_member(inside));
+  EXPECT_EQ(inside->backend_name(), "fake");
+  EXPECT_EQ(inside->rank(), 88);
+  EXPECT_EQ(inside->size(), 512);
+  destroy_process_group();
+  ::unsetenv("DDP_BACKEND");
+  // Or asked for by name, whatever DDP_BACKEND says.
+  auto named = init_process_group(InitOptions().backend(Backend::kFake));
+  EXPECT_EQ(named->rank(), 600);
+  EXPECT_EQ(to_string(Backend::kFake), "fake");
+  destroy_process_group();
+  // Without RANK and WORLD_SIZE, the fake backend does not guess the world.
+  ::unsetenv("RANK");
+  ::unsetenv("WORLD_SIZE");
+  try {
+    init_process_group(InitOptions().backend(Backend::kFake));
+    ADD_FAILURE() << "the fake backend started without RANK and WORLD_SIZE";
+  } catch (const c10::Error& e) {
+    const std::string message = e.what_without_backtrace();
+    EXPECT_NE(message.find("fake backend's environment does not describe a valid world"), std::string::npos)
+        << message;
+    EXPECT_NE(message.find("RANK and WORLD_SIZE"), std::string::npos) << message;
+  }
+  EXPECT_FALSE(is_initialized());
+}
+
+} // namespace
+} // namespace ddp
