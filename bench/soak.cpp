@@ -41,7 +41,9 @@
 //   rss_mb_first=... rss_mb_last=... rss_slope_kb_per_1k_steps=...
 //   rss_noise_kb=... fds=A..B threads=A..B shm_kb=A..B
 //   step_ms_first=... step_ms_last=... step_ratio=... flush_denormal=1|0 subnormal=N
-//   growth=none|rss|fds|threads|shm,...
+//   step_ms_tenths=T1,...,T10 growth=none|rss|fds|threads|shm,...
+// (step_ms_tenths: the mean step time in each tenth of the run, warm-up
+// included.)
 // (A..B: the least and most seen after warm-up.) Exits 0 whatever it finds
 // (a benchmark), 1 if a step fails, 2 on a bad command line.
 
@@ -275,9 +277,11 @@ double mean_step_ms(const std::vector<Sample>& samples, size_t from, size_t to) 
 int64_t subnormal_count(torch::optim::Optimizer& optimizer) {
   int64_t count = 0;
   const auto add = [&](const torch::Tensor& t) {
-    if (t.defined() && t.is_floating_point()) {
-      const auto magnitude = t.abs();
-      count += ((magnitude < std::numeric_limits<float>::min()) & (magnitude > 0)).sum().item<int64_t>();
+    if (t.defined() && t.scalar_type() == torch::kFloat) {
+      // By their bits: a zero exponent and a mantissa that is not. (With
+      // subnormals flushed, this thread's arithmetic would read them as 0.)
+      const auto bits = t.contiguous().view(torch::kInt);
+      count += (bits.bitwise_and(0x7f800000).eq(0) & bits.bitwise_and(0x007fffff).ne(0)).sum().item<int64_t>();
     }
   };
   for (const auto& item : optimizer.state()) {
@@ -351,18 +355,28 @@ void report(const Config& config, const std::string& backend, int rank, int worl
   }
   const double first_ms = mean_step_ms(kept, 0, tenth);
   const double last_ms = mean_step_ms(kept, kept.size() - tenth, kept.size());
+  // The step time through the whole run (warm-up included), a tenth at a
+  // time: a drift and a slow patch look different here.
+  std::string tenths;
+  for (size_t part = 0; part < 10; ++part) {
+    const size_t from = samples.size() * part / 10;
+    const size_t to = std::max(from + 1, samples.size() * (part + 1) / 10);
+    char value[32];
+    std::snprintf(value, sizeof(value), "%s%.3f", part == 0 ? "" : ",", mean_step_ms(samples, from, to));
+    tenths += value;
+  }
   std::printf(
       "soak variant=%s backend=%s world=%d rank=%d steps=%lld samples=%zu rss_mb_first=%.1f "
       "rss_mb_last=%.1f rss_slope_kb_per_1k_steps=%.2f rss_noise_kb=%.1f fds=%lld..%lld "
       "threads=%lld..%lld shm_kb=%lld..%lld step_ms_first=%.3f step_ms_last=%.3f step_ratio=%.3f "
-      "flush_denormal=%d subnormal=%lld growth=%s\n",
+      "flush_denormal=%d subnormal=%lld step_ms_tenths=%s growth=%s\n",
       config.variant.c_str(), backend.c_str(), world, rank, static_cast<long long>(steps), samples.size(),
       kept.front().rss_kb / 1024, kept.back().rss_kb / 1024, slope * 1000, noise,
       static_cast<long long>(fds.first), static_cast<long long>(fds.second),
       static_cast<long long>(threads.first), static_cast<long long>(threads.second),
       static_cast<long long>(shm.first), static_cast<long long>(shm.second), first_ms, last_ms,
       first_ms > 0 ? last_ms / first_ms : 0, config.flush_denormal ? 1 : 0, static_cast<long long>(subnormal),
-      growth.empty() ? "none" : growth.c_str());
+      tenths.c_str(), growth.empty() ? "none" : growth.c_str());
   std::fflush(stdout);
 }
 
