@@ -12,6 +12,7 @@
 
 #include "comm/alltoall_splits.h"
 #include "comm/collective_checks.h"
+#include "comm/reduce_kernels.h"
 #include "internal/check.h"
 
 namespace ddp {
@@ -25,15 +26,12 @@ void check_fake_tensor(const at::Tensor& t, const std::string& who, const std::s
 // Any device (the meta device too) and dtype; dense tensors.
 constexpr internal::TensorRules kFakeRules{&check_fake_tensor, nullptr, nullptr};
 
+// The pairs of dtype and operation that Gloo and MPI reduce.
 void check_fake_reducible(at::ScalarType dtype, ReduceOp op, const std::string& who) {
-  if (op == ReduceOp::kAvg) {
-    DDP_CHECK(at::isFloatingType(dtype) || at::isComplexType(dtype), who,
-              ": AVG needs a floating-point dtype (got ", dtype, "); use SUM and divide");
-  }
-  if (op == ReduceOp::kBand || op == ReduceOp::kBor || op == ReduceOp::kBxor) {
-    DDP_CHECK(at::isIntegralType(dtype, /*includeBool=*/true), who, ": ", to_string(op),
-              " needs an integer or bool dtype (got ", dtype, ")");
-  }
+  DDP_CHECK(internal::reduce_kernel(dtype, op) != nullptr, who, ": ", to_string(op), " is not defined for dtype ",
+            dtype,
+            op == ReduceOp::kAvg ? "; AVG needs a floating-point tensor (use SUM and divide)"
+                                 : "; bitwise operations need an integer or bool tensor");
 }
 
 // `t` as if `size` ranks had each held it and reduced it with `op`.
