@@ -12,6 +12,7 @@
 
 #include "comm/alltoall_splits.h"
 #include "comm/collective_checks.h"
+#include "comm/contiguous_arguments.h"
 #include "comm/reduce_kernels.h"
 #include "internal/check.h"
 
@@ -72,18 +73,6 @@ int64_t total_bytes(const std::vector<at::Tensor>& tensors) {
   }
   return total;
 }
-
-// A flat, writable view of `t`'s elements: `t` itself when contiguous, else
-// a contiguous copy that `write_back` copies into `t`.
-struct FlatOutput {
-  at::Tensor target, flat;
-  explicit FlatOutput(const at::Tensor& t) : target(t), flat(t.is_contiguous() ? t.view({-1}) : t.contiguous().view({-1})) {}
-  void write_back() {
-    if (!target.is_contiguous()) {
-      target.copy_(flat.view(target.sizes()));
-    }
-  }
-};
 
 } // namespace
 
@@ -155,11 +144,13 @@ std::shared_ptr<Work> FakeProcessGroup::allgather(const std::vector<at::Tensor>&
 
 std::shared_ptr<Work> FakeProcessGroup::allgather_into_tensor(const at::Tensor& output, const at::Tensor& input,
                                                               const AllgatherOptions&) {
-  internal::check_allgather_into_tensor(output, input, size(), rank_prefix() + " allgather_into_tensor", kFakeRules);
-  FlatOutput out(output);
+  const std::string who = rank_prefix() + " allgather_into_tensor";
+  internal::check_allgather_into_tensor(output, input, size(), who, kFakeRules);
+  internal::ContiguousArguments args; // refuses an expanded output, as the backends do
+  const at::Tensor out = args.output(output, who, "output");
   const int64_t n = input.numel();
-  out.flat.view({size(), n}).copy_(input.reshape({1, n}).expand({size(), n}));
-  out.write_back();
+  out.view({size(), n}).copy_(input.reshape({1, n}).expand({size(), n}));
+  args.copy_back();
   return done("allgather_into_tensor", (size() - 1) * static_cast<int64_t>(input.nbytes()), {output});
 }
 
@@ -197,19 +188,21 @@ std::shared_ptr<Work> FakeProcessGroup::reduce_scatter(const at::Tensor& output,
 
 std::shared_ptr<Work> FakeProcessGroup::alltoall(const at::Tensor& output, const at::Tensor& input,
                                                  const AlltoallOptions& options) {
-  const auto layout = internal::check_alltoall(output, input, size(), options, rank_prefix() + " alltoall", kFakeRules);
+  const std::string who = rank_prefix() + " alltoall";
+  const auto layout = internal::check_alltoall(output, input, size(), options, who, kFakeRules);
   const auto me = static_cast<size_t>(rank());
   const at::Tensor in = input.reshape({-1});
   const at::Tensor own = in.narrow(0, layout.send_offsets[me], layout.send_counts[me]);
-  FlatOutput out(output);
+  internal::ContiguousArguments args;
+  const at::Tensor flat = args.output(output, who, "output").view({-1});
   for (size_t peer = 0; peer < layout.recv_counts.size(); ++peer) {
     // Every peer sends this rank what this rank sends itself, where the
     // sizes allow it.
     if (layout.recv_counts[peer] == layout.send_counts[me]) {
-      out.flat.narrow(0, layout.recv_offsets[peer], layout.recv_counts[peer]).copy_(own);
+      flat.narrow(0, layout.recv_offsets[peer], layout.recv_counts[peer]).copy_(own);
     }
   }
-  out.write_back();
+  args.copy_back();
   const int64_t sent = std::accumulate(layout.send_counts.begin(), layout.send_counts.end(), int64_t{0}) -
                        layout.send_counts[me];
   return done("alltoall", sent * static_cast<int64_t>(input.element_size()), {output});
