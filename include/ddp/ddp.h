@@ -41,5 +41,6 @@
 #include <ddp/nn/sync_batch_norm.h>
 #include <ddp/optim/post_local_sgd_optimizer.h>
 #include <ddp/optim/zero_redundancy_optimizer.h>
+#include <ddp/plan.h>
 #include <ddp/algorithms/model_averaging.h>
 #include <ddp/timeline.h>

@@ -51,4 +51,9 @@ std::shared_ptr<ProcessGroup> create_backend_group(
 // the subgroups used.
 void destroy_subgroups() noexcept;
 
+// Defined in subgroups.cpp. The global ranks of `group` when new_group made
+// it (and it is not destroyed yet); empty otherwise (the default group, a
+// group made another way). For the plan report (Note [Plan report]).
+std::vector<int> subgroup_global_ranks(const ProcessGroup* group);
+
 } // namespace ddp::internal

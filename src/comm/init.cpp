@@ -35,6 +35,7 @@
 #include "internal/check.h"
 #include "internal/env.h"
 #include "internal/logging.h"
+#include "plan/plan_recorder.h"
 
 namespace ddp {
 
@@ -560,6 +561,14 @@ WorldInfo world_info_from_env() {
   return info;
 }
 
+// Note [Plan report]: the plan report learns who this process is, and with
+// the fake backend or DDP_PLAN_REPORT starts counting tensor memory.
+namespace {
+void note_default_group_for_plan(const ProcessGroup& group) {
+  internal::plan_group_created(group.rank(), group.size(), group.backend_name());
+}
+} // namespace
+
 std::shared_ptr<ProcessGroup> init_process_group(const InitOptions& options) {
   if (resolve_backend(options.backend()) == Backend::kMpi) {
     // mpirun or srun gives the world: no store, no MASTER_ADDR.
@@ -569,6 +578,7 @@ std::shared_ptr<ProcessGroup> init_process_group(const InitOptions& options) {
               "ddp::destroy_process_group() before creating another");
     default_group_slot() = create_mpi_group(options, -1, -1);
     set_default_context(nullptr, "", Backend::kMpi);
+    note_default_group_for_plan(*default_group_slot());
     return default_group_slot();
   }
   const bool fake = resolve_backend(options.backend()) == Backend::kFake;
@@ -609,6 +619,7 @@ std::shared_ptr<ProcessGroup> init_process_group(const InitOptions& options) {
                   [&] { return create_group(store, info.rank, info.world_size, options, info.master_addr); });
   internal::init_exit_point("group", info.rank);
   set_default_context(store, info.master_addr, resolve_backend(options.backend()));
+  note_default_group_for_plan(*default_group_slot());
   if (env_store != nullptr) {
     if (info.rank != 0) {
       // This rank is done with the rendezvous's keys: rank 0 may close the
@@ -638,6 +649,7 @@ std::shared_ptr<ProcessGroup> init_process_group(std::shared_ptr<Store> store, i
   default_group_slot() = create_group(store, rank, world_size, options, "");
   set_default_context(resolve_backend(options.backend()) == Backend::kMpi ? nullptr : store, "",
                       resolve_backend(options.backend()));
+  note_default_group_for_plan(*default_group_slot());
   return default_group_slot();
 }
 
@@ -663,6 +675,7 @@ void destroy_process_group() {
   // destroyed here unless the caller still holds a reference to it.
   if (group != nullptr) {
     group->wait_for_pending_work();
+    internal::plan_group_destroyed(); // Note [Plan report]
   }
   group.reset();
   if (env_store != nullptr && env_store->server != nullptr && env_store->world_size > 1) {

@@ -409,6 +409,17 @@ void destroy_process_group(const std::shared_ptr<ProcessGroup>& group) {
 
 namespace internal {
 
+std::vector<int> subgroup_global_ranks(const ProcessGroup* group) {
+  auto& reg = registry();
+  std::lock_guard<std::mutex> lock(reg.mutex);
+  for (const auto& record : reg.records) {
+    if (record.group.get() == group) {
+      return record.ranks;
+    }
+  }
+  return {};
+}
+
 void destroy_subgroups() noexcept {
   std::vector<SubgroupRecord> records;
   {

@@ -19,6 +19,7 @@
 #include "fsdp/construction_checks.h"
 #include "fsdp/fsdp_state.h"
 #include "internal/check.h"
+#include "plan/plan_recorder.h"
 #include "timeline/timeline.h"
 
 namespace ddp {
@@ -502,6 +503,9 @@ void FullyShardedDataParallelImpl::begin_forward() {
   State& s = *state_;
   DDP_CHECK(!s.in_forward, s.config.who, ": forward called from inside its own forward");
   s.in_forward = true;
+  if (torch::GradMode::is_enabled()) {
+    internal::plan_begin_step(); // Note [Plan report]: steps as the timeline's
+  }
   if (internal::Timeline* timeline = internal::Timeline::get(); timeline && torch::GradMode::is_enabled()) {
     timeline->begin_step(); // Note [Timeline]: a step begins with a forward with gradients, as in DDP
     s.timeline_forward_start_us = internal::Timeline::now_us();

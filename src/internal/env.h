@@ -119,6 +119,12 @@ inline constexpr EnvVar kEnvTraceSteps{"DDP_TRACE_STEPS", "20",
     "Which steps the timeline keeps (a step starts at each DistributedDataParallel or "
     "FullyShardedDataParallel forward with gradients): K, the last K steps (a ring, 1 to "
     "100000); or A-B, steps A to B (from 1)."};
+inline constexpr EnvVar kEnvPlanReport{"DDP_PLAN_REPORT", nullptr,
+    "A directory: each rank counts its CPU tensor memory from init_process_group on and writes "
+    "plan_rank_<R>.json there (peak tensor memory, peak resident set, and with the fake backend "
+    "the bytes it would have sent before the first step and in each step) at "
+    "destroy_process_group() and at exit. `ddprun --plan` sets it (docs/scaling.md). Unset or "
+    "empty: no report."};
 inline constexpr EnvVar kEnvNcclCollectiveCheck{"DDP_NCCL_COLLECTIVE_CHECK", "auto",
     "The NCCL backend's collective fingerprint check (Note [NCCL fingerprint check]): auto (with "
     "two ranks or more), on (with one rank too: what measures its cost on one GPU), off (never; "

@@ -27,6 +27,17 @@
 // at::ScalarType::UInt32 and UInt64 exist (LibTorch 2.3).
 #define DDP_TORCH_HAS_UINT32_UINT64 DDP_TORCH_AT_LEAST(2, 3)
 
+// at::Allocator::allocate is const in LibTorch 1.13 and not in 2.11, where
+// an allocator also implements copy_data (checked against both; the change
+// came between them, with 2.3's copy-on-write storage).
+#if DDP_TORCH_AT_LEAST(2, 3)
+#define DDP_ALLOCATOR_ALLOCATE_CONST
+#define DDP_TORCH_ALLOCATOR_HAS_COPY_DATA 1
+#else
+#define DDP_ALLOCATOR_ALLOCATE_CONST const
+#define DDP_TORCH_ALLOCATOR_HAS_COPY_DATA 0
+#endif
+
 namespace ddp::internal {
 
 // The owning pointer to an autograd Node (a parameter's gradient

@@ -11,6 +11,7 @@
 #include <cerrno>
 #include <cstdio>
 #include <cstdlib>
+#include <cstring>
 #include <exception>
 #include <string>
 #include <vector>
@@ -63,6 +64,20 @@ int main(int argc, char** argv) {
   }
   if (command_line.merge_trace) {
     return ddp::timeline::merge_directory(*command_line.merge_trace, stdout, stderr);
+  }
+  if (command_line.plan) {
+    PlanOptions& plan = *command_line.plan;
+    if (plan.directory.empty()) {
+      const char* tmp = std::getenv("TMPDIR");
+      std::string pattern = std::string(tmp != nullptr && *tmp != '\0' ? tmp : "/tmp") + "/ddprun-plan-XXXXXX";
+      if (::mkdtemp(pattern.data()) == nullptr) {
+        std::fprintf(stderr, "ddprun --plan: cannot create a directory %s: %s\n", pattern.c_str(),
+                     std::strerror(errno));
+        return kExitFailure;
+      }
+      plan.directory = pattern;
+    }
+    return run_plan(plan, command_line.options.program, stdout, stderr);
   }
 
   LaunchOptions& options = command_line.options;

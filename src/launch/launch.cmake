@@ -12,6 +12,7 @@ add_library(ddprun_objects OBJECT
   src/launch/supervisor.cpp
   src/launch/child_process.cpp
   src/launch/teardown_dumps.cpp
+  src/launch/plan.cpp
   src/launch/readers/analyzer.cpp
   src/launch/readers/pytorch_dump.cpp
   src/launch/readers/launcher_account.cpp

@@ -61,6 +61,12 @@ CommandLine parse_command_line(const std::vector<std::string>& args) {
   CommandLine result;
   LaunchOptions& options = result.options;
   bool have_nproc = false;
+  auto plan = [&]() -> PlanOptions& {
+    if (!result.plan) {
+      result.plan.emplace();
+    }
+    return *result.plan;
+  };
 
   size_t i = 0;
   for (; i < args.size(); ++i) {
@@ -132,6 +138,17 @@ CommandLine parse_command_line(const std::vector<std::string>& args) {
       if (result.merge_trace->empty()) {
         throw UsageError("--merge-trace needs a directory (got '')");
       }
+    } else if (flag == "--plan") {
+      plan().world_sizes = parse_world_sizes(value());
+    } else if (flag == "--plan-variant") {
+      plan().variants.push_back(parse_plan_variant(value()));
+    } else if (flag == "--plan-rank") {
+      plan().rank = parse_int(flag, value(), 0, INT_MAX);
+    } else if (flag == "--plan-dir") {
+      plan().directory = value();
+      if (plan().directory.empty()) {
+        throw UsageError("--plan-dir needs a directory (got '')");
+      }
     } else if (flag == "--no-prefix") {
       if (inline_value) {
         throw UsageError("--no-prefix takes no value (got " + quoted(*inline_value) + ")");
@@ -151,6 +168,18 @@ CommandLine parse_command_line(const std::vector<std::string>& args) {
     if (!options.program.empty()) {
       throw UsageError(std::string(command) + " starts nothing: no program after it (got " +
                        quoted(options.program[0]) + ")");
+    }
+    return result;
+  }
+  if (result.plan) {
+    if (result.plan->world_sizes.empty()) {
+      throw UsageError("--plan-variant, --plan-rank and --plan-dir go with --plan SIZES (got no --plan)");
+    }
+    if (options.program.empty()) {
+      throw UsageError("--plan: missing the program to plan for (got only options)");
+    }
+    if (have_nproc) {
+      result.plan->ranks_per_node = options.nproc_per_node;
     }
     return result;
   }
@@ -212,6 +241,7 @@ const char* usage_text() {
   return R"(usage: ddprun [options] [--] program [args...]
        ddprun --analyze DIR
        ddprun --merge-trace DIR
+       ddprun --plan SIZES [--plan-variant NAME=ARGS]... program [args...]
 
 Starts --nproc-per-node copies of program on this node, one per rank, with the
 variables torchrun sets: RANK, WORLD_SIZE, LOCAL_RANK, LOCAL_WORLD_SIZE,
@@ -245,6 +275,19 @@ options:
   --merge-trace DIR   start nothing: merge the timelines in DIR
                       (trace_rank_<R>.json, written by ranks run with
                       DDP_TRACE_DIR=DIR under any launcher), as --trace does
+  --plan SIZES        start no job: run program once per world size in SIZES
+                      (2,8,1024), alone, as rank 0 of a fake world
+                      (DDP_BACKEND=fake), and print each run's peak tensor
+                      memory and the bytes it would send per step
+                      (docs/scaling.md); --nproc-per-node gives the ranks
+                      per node (default: one node)
+  --plan-variant NAME=ARGS
+                      with --plan: also run with ARGS added to the program's
+                      arguments, as a row of its own (repeat for each
+                      strategy: 'fsdp=--parallel fsdp')
+  --plan-rank R       with --plan: the rank to play (default 0)
+  --plan-dir DIR      with --plan: where each run's report and output go
+                      (default: a new directory under $TMPDIR or /tmp)
   -h, --help          print this help and exit
 
 Flags may be written with underscores (--nproc_per_node) and as --flag=value.

@@ -11,6 +11,8 @@
 #include <utility>
 #include <vector>
 
+#include "launch/plan.h"
+
 namespace ddp::launch {
 
 /// A bad command line. main() prints the message and the usage, and exits 2.
@@ -65,6 +67,11 @@ struct CommandLine {
   /// --merge-trace DIR: merge the timelines that ranks started by another
   /// launcher wrote there (DDP_TRACE_DIR); nothing is started.
   std::optional<std::string> merge_trace;
+  /// --plan SIZES (with --plan-variant, --plan-rank, --plan-dir): run the
+  /// program once per world size as one rank of a fake world and print what
+  /// it holds and sends (src/launch/plan.h); --nproc-per-node is then
+  /// optional and gives the ranks per node.
+  std::optional<PlanOptions> plan;
   /// The checked options; meaningful only when help is false.
   LaunchOptions options;
 };

@@ -38,6 +38,7 @@
 #include "comm/collective_label.h"
 #include "comm/objects/same_on_every_rank.h"
 #include "nn/state_sync.h"
+#include "plan/plan_recorder.h"
 #include "reducer/reducer.h"
 #include "timeline/timeline.h"
 
@@ -333,6 +334,9 @@ const std::shared_ptr<ProcessGroup>& DistributedDataParallelImpl::process_group(
 
 void DistributedDataParallelImpl::pre_forward() {
   state_->reducer->record_forward_event(internal::IterationTimer::Event::kForwardStart);
+  if (at::GradMode::is_enabled()) {
+    internal::plan_begin_step(); // Note [Plan report]: steps as the timeline's
+  }
   if (internal::Timeline* timeline = internal::Timeline::get(); timeline && at::GradMode::is_enabled()) {
     timeline->begin_step(); // Note [Timeline]: a step begins with a forward with gradients
     state_->timeline_forward_start_us = internal::Timeline::now_us();

@@ -17,7 +17,7 @@ target_compile_definitions(distributed_sampler_test PRIVATE
 # that rendezvous over env:// (init_process_group).
 ddp_add_gtest(distributed_sampler_group_test
   SOURCES data/distributed_sampler_group_test.cpp
-  LIBS ddp_data ddp_data_pg ddp_comm ddp_flight_recorder ddp_timeline ddp_comm_gloo ddp_stores ddp_internal
+  LIBS ddp_data ddp_data_pg ddp_comm ddp_flight_recorder ddp_timeline ddp_plan ddp_comm_gloo ddp_stores ddp_internal
        ddp_test_ports
        # init.cpp creates ProcessGroupNCCL and ProcessGroupMPI when built.
        $<$<BOOL:${DDP_HAVE_NCCL}>:ddp_nccl>

@@ -125,6 +125,29 @@ TEST(ParseCommandLineTest, Trace) {
   EXPECT_NE(std::string(usage_text()).find("--merge-trace DIR"), std::string::npos);
 }
 
+TEST(ParseCommandLineTest, Plan) {
+  // --plan starts no job: --nproc-per-node is optional and gives the ranks per node.
+  const CommandLine line = parse_command_line({"--plan", "2,8,1024", "--plan-variant", "fsdp=--parallel fsdp",
+                                               "--plan-variant=ddp= --parallel  ddp ", "--plan-rank", "3",
+                                               "--plan-dir", "/tmp/p", "prog", "--steps", "1"});
+  ASSERT_TRUE(line.plan.has_value());
+  EXPECT_EQ(line.plan->world_sizes, (std::vector<int>{2, 8, 1024}));
+  ASSERT_EQ(line.plan->variants.size(), 2u);
+  EXPECT_EQ(line.plan->variants[0].first, "fsdp");
+  EXPECT_EQ(line.plan->variants[0].second, (Args{"--parallel", "fsdp"}));
+  EXPECT_EQ(line.plan->variants[1].first, "ddp");
+  EXPECT_EQ(line.plan->variants[1].second, (Args{"--parallel", "ddp"}));
+  EXPECT_EQ(line.plan->rank, 3);
+  EXPECT_EQ(line.plan->directory, "/tmp/p");
+  EXPECT_FALSE(line.plan->ranks_per_node.has_value());
+  EXPECT_EQ(line.options.program, (Args{"prog", "--steps", "1"}));
+  const CommandLine per_node = parse_command_line({"--nproc-per-node", "8", "--plan", "64", "prog"});
+  EXPECT_EQ(per_node.plan->ranks_per_node, 8);
+  EXPECT_TRUE(per_node.plan->variants.empty());
+  EXPECT_FALSE(parse_command_line({"--nproc-per-node", "2", "prog"}).plan.has_value());
+  EXPECT_NE(std::string(usage_text()).find("--plan SIZES"), std::string::npos);
+}
+
 struct BadCommandLine {
   Args args;
   std::string expected; // a substring of the error: the bad value, echoed
@@ -157,6 +180,15 @@ INSTANTIATE_TEST_SUITE_P(
         BadCommandLine{{"--nproc-per-node", "2", "--trace", "", "prog"}, "--trace needs a directory (got '')"},
         BadCommandLine{{"--merge-trace", "dir", "prog"}, "--merge-trace starts nothing: no program after it"},
         BadCommandLine{{"--merge-trace", "a", "--analyze", "b"}, "two commands"},
+        BadCommandLine{{"--plan", "2,x", "prog"}, "'x' is not one"},
+        BadCommandLine{{"--plan", "0", "prog"}, "'0' is not one"},
+        BadCommandLine{{"--plan", "2,,8", "prog"}, "'' is not one"},
+        BadCommandLine{{"--plan", "2000000", "prog"}, "from 1 to 1048576"},
+        BadCommandLine{{"--plan", "2"}, "--plan: missing the program"},
+        BadCommandLine{{"--plan-variant", "a=--x", "prog"}, "go with --plan SIZES"},
+        BadCommandLine{{"--plan", "2", "--plan-variant", "--parallel fsdp", "prog"}, "NAME=ARGS"},
+        BadCommandLine{{"--plan", "2", "--plan-variant", "a/b=x", "prog"}, "NAME=ARGS"},
+        BadCommandLine{{"--plan", "2", "--plan-dir", "", "prog"}, "--plan-dir needs a directory"},
         BadCommandLine{{"--nproc-per-node", "0", "prog"}, "(got '0')"},
         BadCommandLine{{"--nproc-per-node", "-3", "prog"}, "(got '-3')"},
         BadCommandLine{{"--nproc-per-node", "two", "prog"}, "(got 'two')"},

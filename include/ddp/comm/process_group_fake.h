@@ -102,10 +102,13 @@ class FakeProcessGroup : public ProcessGroup {
   void reset_traffic();
 
  private:
-  std::shared_ptr<Work> done(const char* op, int64_t bytes_sent, std::vector<at::Tensor> result);
+  // `tensor_bytes`: the operation's tensor on this rank (an allgather's or
+  // alltoall's input, a reduce_scatter's or scatter's output), for the plan.
+  std::shared_ptr<Work> done(const char* op, int64_t bytes_sent, int64_t tensor_bytes, std::vector<at::Tensor> result);
 
   mutable std::mutex mutex_;
   std::map<std::string, FakeTraffic> traffic_; // guarded by mutex_
+  std::vector<int> global_ranks_;              // guarded by mutex_; found at the first operation
 };
 
 } // namespace ddp

@@ -13,8 +13,10 @@
 #include "comm/alltoall_splits.h"
 #include "comm/collective_checks.h"
 #include "comm/contiguous_arguments.h"
+#include "comm/default_group.h"
 #include "comm/reduce_kernels.h"
 #include "internal/check.h"
+#include "plan/plan_recorder.h"
 
 namespace ddp {
 namespace {
@@ -83,13 +85,27 @@ std::shared_ptr<FakeProcessGroup> FakeProcessGroup::create(int rank, int size, s
 FakeProcessGroup::FakeProcessGroup(int rank, int size, std::chrono::milliseconds timeout)
     : ProcessGroup(rank, size, timeout) {} // which checks the rank and size
 
-std::shared_ptr<Work> FakeProcessGroup::done(const char* op, int64_t bytes_sent, std::vector<at::Tensor> result) {
+std::shared_ptr<Work> FakeProcessGroup::done(const char* op, int64_t bytes_sent, int64_t tensor_bytes,
+                                             std::vector<at::Tensor> result) {
+  std::vector<int> members;
   {
     std::lock_guard<std::mutex> lock(mutex_);
     auto& entry = traffic_[op];
     entry.calls += 1;
     entry.bytes_sent += size() > 1 ? bytes_sent : 0;
+    if (global_ranks_.empty()) {
+      // A subgroup's world ranks, from new_group's registry; the default
+      // group's (or one made by create) are 0 .. size - 1.
+      global_ranks_ = internal::subgroup_global_ranks(this);
+      if (global_ranks_.empty()) {
+        global_ranks_.resize(static_cast<size_t>(size()));
+        std::iota(global_ranks_.begin(), global_ranks_.end(), 0);
+      }
+    }
+    members = global_ranks_;
   }
+  // Note [Plan report]
+  internal::plan_count_sent(op, size() > 1 ? bytes_sent : 0, tensor_bytes, this, members);
   return Work::completed(std::move(result));
 }
 
@@ -99,7 +115,8 @@ std::shared_ptr<Work> FakeProcessGroup::allreduce(const at::Tensor& tensor, cons
   check_fake_reducible(tensor.scalar_type(), options.op, who);
   mirror_reduce(tensor, options.op, size());
   const int64_t w = size();
-  return done("allreduce", 2 * (w - 1) * static_cast<int64_t>(tensor.nbytes()) / w, {tensor});
+  return done("allreduce", 2 * (w - 1) * static_cast<int64_t>(tensor.nbytes()) / w, static_cast<int64_t>(tensor.nbytes()),
+              {tensor});
 }
 
 std::shared_ptr<Work> FakeProcessGroup::allreduce_coalesced(const std::vector<at::Tensor>& tensors,
@@ -111,7 +128,7 @@ std::shared_ptr<Work> FakeProcessGroup::allreduce_coalesced(const std::vector<at
     mirror_reduce(t, options.op, size());
   }
   const int64_t w = size();
-  return done("allreduce_coalesced", 2 * (w - 1) * total_bytes(tensors) / w, tensors);
+  return done("allreduce_coalesced", 2 * (w - 1) * total_bytes(tensors) / w, total_bytes(tensors), tensors);
 }
 
 std::shared_ptr<Work> FakeProcessGroup::broadcast(const at::Tensor& tensor, const BroadcastOptions& options) {
@@ -119,7 +136,8 @@ std::shared_ptr<Work> FakeProcessGroup::broadcast(const at::Tensor& tensor, cons
   internal::check_rooted(tensor, options.root_rank, size(), who, kFakeRules);
   // A chain from the root: every rank but the last forwards the tensor.
   const bool last = rank() == (options.root_rank + size() - 1) % size();
-  return done("broadcast", last ? 0 : static_cast<int64_t>(tensor.nbytes()), {tensor});
+  return done("broadcast", last ? 0 : static_cast<int64_t>(tensor.nbytes()), static_cast<int64_t>(tensor.nbytes()),
+              {tensor});
 }
 
 std::shared_ptr<Work> FakeProcessGroup::reduce(const at::Tensor& tensor, const ReduceOptions& options) {
@@ -130,7 +148,8 @@ std::shared_ptr<Work> FakeProcessGroup::reduce(const at::Tensor& tensor, const R
   if (root) {
     mirror_reduce(tensor, options.op, size());
   }
-  return done("reduce", root ? 0 : static_cast<int64_t>(tensor.nbytes()), {tensor});
+  return done("reduce", root ? 0 : static_cast<int64_t>(tensor.nbytes()), static_cast<int64_t>(tensor.nbytes()),
+              {tensor});
 }
 
 std::shared_ptr<Work> FakeProcessGroup::allgather(const std::vector<at::Tensor>& outputs, const at::Tensor& input,
@@ -139,7 +158,8 @@ std::shared_ptr<Work> FakeProcessGroup::allgather(const std::vector<at::Tensor>&
   for (const auto& out : outputs) {
     out.copy_(input);
   }
-  return done("allgather", (size() - 1) * static_cast<int64_t>(input.nbytes()), outputs);
+  return done("allgather", (size() - 1) * static_cast<int64_t>(input.nbytes()), static_cast<int64_t>(input.nbytes()),
+              outputs);
 }
 
 std::shared_ptr<Work> FakeProcessGroup::allgather_into_tensor(const at::Tensor& output, const at::Tensor& input,
@@ -151,7 +171,8 @@ std::shared_ptr<Work> FakeProcessGroup::allgather_into_tensor(const at::Tensor& 
   const int64_t n = input.numel();
   out.view({size(), n}).copy_(input.reshape({1, n}).expand({size(), n}));
   args.copy_back();
-  return done("allgather_into_tensor", (size() - 1) * static_cast<int64_t>(input.nbytes()), {output});
+  return done("allgather_into_tensor", (size() - 1) * static_cast<int64_t>(input.nbytes()),
+              static_cast<int64_t>(input.nbytes()), {output});
 }
 
 std::shared_ptr<Work> FakeProcessGroup::gather(const std::vector<at::Tensor>& outputs, const at::Tensor& input,
@@ -161,7 +182,7 @@ std::shared_ptr<Work> FakeProcessGroup::gather(const std::vector<at::Tensor>& ou
     out.copy_(input);
   }
   const bool root = rank() == options.root_rank;
-  return done("gather", root ? 0 : static_cast<int64_t>(input.nbytes()), outputs);
+  return done("gather", root ? 0 : static_cast<int64_t>(input.nbytes()), static_cast<int64_t>(input.nbytes()), outputs);
 }
 
 std::shared_ptr<Work> FakeProcessGroup::scatter(const at::Tensor& output, const std::vector<at::Tensor>& inputs,
@@ -172,7 +193,7 @@ std::shared_ptr<Work> FakeProcessGroup::scatter(const at::Tensor& output, const 
     output.copy_(inputs[static_cast<size_t>(rank())]);
     sent = total_bytes(inputs) - static_cast<int64_t>(inputs[static_cast<size_t>(rank())].nbytes());
   }
-  return done("scatter", sent, {output});
+  return done("scatter", sent, static_cast<int64_t>(output.nbytes()), {output});
 }
 
 std::shared_ptr<Work> FakeProcessGroup::reduce_scatter(const at::Tensor& output, const std::vector<at::Tensor>& inputs,
@@ -183,7 +204,8 @@ std::shared_ptr<Work> FakeProcessGroup::reduce_scatter(const at::Tensor& output,
   const auto& mine = inputs[static_cast<size_t>(rank())];
   output.copy_(mine.reshape(output.sizes()));
   mirror_reduce(output, options.op, size());
-  return done("reduce_scatter", total_bytes(inputs) - static_cast<int64_t>(mine.nbytes()), {output});
+  return done("reduce_scatter", total_bytes(inputs) - static_cast<int64_t>(mine.nbytes()),
+              static_cast<int64_t>(output.nbytes()), {output});
 }
 
 std::shared_ptr<Work> FakeProcessGroup::alltoall(const at::Tensor& output, const at::Tensor& input,
@@ -205,25 +227,26 @@ std::shared_ptr<Work> FakeProcessGroup::alltoall(const at::Tensor& output, const
   args.copy_back();
   const int64_t sent = std::accumulate(layout.send_counts.begin(), layout.send_counts.end(), int64_t{0}) -
                        layout.send_counts[me];
-  return done("alltoall", sent * static_cast<int64_t>(input.element_size()), {output});
+  return done("alltoall", sent * static_cast<int64_t>(input.element_size()), static_cast<int64_t>(input.nbytes()),
+              {output});
 }
 
 std::shared_ptr<Work> FakeProcessGroup::barrier(const BarrierOptions&) {
-  return done("barrier", 0, {});
+  return done("barrier", 0, 0, {});
 }
 
 std::shared_ptr<Work> FakeProcessGroup::send(const at::Tensor& tensor, int dst_rank,
                                              const PointToPointOptions& options) {
   internal::check_point_to_point(tensor, dst_rank, options.tag, rank(), size(), rank_prefix() + " send", "destination",
                                  kFakeRules);
-  return done("send", static_cast<int64_t>(tensor.nbytes()), {tensor});
+  return done("send", static_cast<int64_t>(tensor.nbytes()), static_cast<int64_t>(tensor.nbytes()), {tensor});
 }
 
 std::shared_ptr<Work> FakeProcessGroup::recv(const at::Tensor& tensor, int src_rank,
                                              const PointToPointOptions& options) {
   internal::check_point_to_point(tensor, src_rank, options.tag, rank(), size(), rank_prefix() + " recv", "source",
                                  kFakeRules);
-  return done("recv", 0, {tensor});
+  return done("recv", 0, static_cast<int64_t>(tensor.nbytes()), {tensor});
 }
 
 std::map<std::string, FakeTraffic> FakeProcessGroup::traffic() const {

@@ -23,6 +23,7 @@
 #include "internal/check.h"
 #include "internal/env.h"
 #include "internal/logging.h"
+#include "plan/memory_counter.h"
 
 namespace ddp::internal::shm {
 
@@ -301,9 +302,15 @@ at::Tensor SharedBuffers::allocate(Coordinator& coordinator, int64_t numel, cons
   }
   // The deleter may run on any thread, after the group is gone.
   std::shared_ptr<Registry> registry = registry_;
+  // This rank's object is a tensor's memory as much as an allocated one:
+  // the plan's tensor memory counts it (Note [Counting tensor memory]).
+  const bool counted = count_tensor_bytes_outside_allocator(static_cast<int64_t>(bytes));
   return at::from_blob(
       base, {numel},
-      [registry](void* data) {
+      [registry, counted, bytes](void* data) {
+        if (counted) {
+          count_tensor_bytes_outside_allocator(-static_cast<int64_t>(bytes));
+        }
         std::shared_ptr<const SharedMapping> released;
         std::lock_guard<std::mutex> lock(registry->mutex);
         auto it = registry->by_base.find(static_cast<const uint8_t*>(data));

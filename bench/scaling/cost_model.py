@@ -1,0 +1,157 @@
+#!/usr/bin/env python3
+"""The cost model of one training step (docs/scaling.md, "The cost model").
+
+    step time = compute + the time of each collective the step issues
+
+Compute is measured: the step time of the same program, at the same world
+size, with the fake backend (so every rank holds the shards and buffers it
+would, and nothing is sent), with as many processes on the machine as the
+real job has. The collectives come from the plan report of that run
+(`last_step_calls`: each operation's kind and the bytes this rank sends),
+and are priced by the algorithm ddp's backend runs for them (Gloo here;
+NCCL's ring for the GPU predictions) over a topology of H hosts of G ranks
+(ranks 0 .. G-1 on the first host, and so on) whose hosts are joined by
+links of bandwidth B (bytes/s, each way) and one-way latency L (s). Ranks
+within a host are taken to cost nothing to each other (a host's loopback or
+NVLink is an order of magnitude faster than its link); a collective's time
+is set by the host links it crosses. Each operation is priced on its own
+group (`groups` in the report): W its ranks, g of them per host; a group
+within one host costs nothing; and since every rank runs the same step, the
+G / g groups like it on a host cross that host's link at the same time
+(HSDP's replicate groups: one per local rank), so each gets B g / G.
+
+Per operation (s the bytes this rank sends, as the plan counts them; n the
+bytes of its tensor here; B the link's share):
+
+    allreduce, ring (Gloo above 64 KiB or 8 ranks; NCCL):
+        2 (W - 1) steps of latency, and s / B: each step moves one
+        rank's chunk over every host link at once
+    allreduce, exchange (Gloo at most 64 KiB and 8 ranks): L + g (W - g) n / B
+        (every rank sends its whole buffer to every other at once)
+    allgather (ring):  (W - 1) L + s / B
+    reduce_scatter (Gloo's direct exchange): L + g s (W - g) / ((W - 1) B);
+        NCCL's ring: (W - 1) L + s / B
+    broadcast (Gloo's binomial tree): ceil(log2 W) (L + n / B);
+        NCCL's pipelined chain: (W - 1) L + n / B
+    barrier: 2 ceil(log2 W) L
+
+No overlap with compute is assumed: on this 2-core machine a collective's
+own CPU work (Gloo's threads, the kernel's TCP) competes with compute, so
+what DDP's buckets hide behind backward on a GPU is not hidden here. And on
+a simulated cluster, where every host is this machine, the bytes cost CPU
+time too (measured by link_probe.py: ns per byte through the switch, and
+through loopback between ranks of one host); with the cores busy, a step's
+communication takes the longer of its network time and that CPU time shared
+over the cores. Where the model is known to be wrong: docs/scaling.md.
+"""
+
+import argparse
+import json
+import math
+import sys
+
+EXCHANGE_MAX_BYTES = 64 * 1024
+EXCHANGE_MAX_RANKS = 8
+
+
+def group_shape(members, per_host):
+    """(ranks, hosts spanned, ranks of the group per host, groups alike sharing each host's link)."""
+    hosts = {}
+    for rank in members:
+        hosts[rank // per_host] = hosts.get(rank // per_host, 0) + 1
+    g = max(hosts.values())
+    # Every rank runs the same step: the host's other ranks are in groups
+    # like this one, issuing the same operation at once over the same link.
+    return len(members), len(hosts), g, max(1, per_host // g)
+
+
+def call_seconds(op, sent, n, members, per_host, bandwidth, latency, backend="gloo"):
+    """Seconds one operation takes: `sent` the plan's bytes for this rank, `n` its tensor's bytes,
+    `members` the world ranks of its group, `per_host` ranks on each host."""
+    world, hosts, g, sharing = group_shape(members, per_host)
+    if world <= 1 or hosts <= 1:
+        return 0.0  # within one host
+    if op in ("allreduce", "allreduce_coalesced"):
+        if backend == "gloo" and n <= EXCHANGE_MAX_BYTES and world <= EXCHANGE_MAX_RANKS:
+            return latency + sharing * g * (world - g) * n / bandwidth
+        return 2 * (world - 1) * latency + sharing * sent / bandwidth
+    if op in ("allgather", "allgather_into_tensor"):
+        return (world - 1) * latency + sharing * sent / bandwidth
+    if op in ("reduce_scatter", "reduce_scatter_tensor"):
+        if backend == "nccl":  # a ring
+            return (world - 1) * latency + sharing * sent / bandwidth
+        return latency + sharing * g * sent * (world - g) / ((world - 1) * bandwidth)
+    if op == "broadcast" and backend == "nccl":  # a pipelined chain
+        return (world - 1) * latency + sharing * n / bandwidth
+    if op == "broadcast":
+        rounds = math.ceil(math.log2(world))
+        return rounds * (latency + sharing * n / bandwidth)
+    if op == "barrier":
+        return 2 * math.ceil(math.log2(world)) * latency
+    # send, recv, gather, scatter, alltoall: their bytes over one link.
+    return latency + sharing * max(sent, n) / bandwidth
+
+
+def call_bytes(op, sent, n, members, per_host):
+    """(bytes crossing host links, bytes between ranks of one host over TCP) that all groups like
+    this one move in the world for this operation; a group within one host moves its bytes in
+    shared memory (Gloo), counted as neither."""
+    world, hosts, g, _ = group_shape(members, per_host)
+    if world <= 1 or hosts <= 1:
+        return 0.0, 0.0
+    if op == "broadcast":
+        total, crossing = (world - 1) * n, (hosts - 1) / (world - 1)
+    elif op in ("reduce_scatter", "reduce_scatter_tensor") or (
+            op in ("allreduce", "allreduce_coalesced") and n <= EXCHANGE_MAX_BYTES and world <= EXCHANGE_MAX_RANKS):
+        total, crossing = world * max(sent, n), (world - g) / (world - 1)
+    else:  # rings: one hop in world / hosts crosses a host link
+        total, crossing = world * max(sent, n), hosts / world
+    return total * crossing, total * (1 - crossing)
+
+
+def predict(compute_s, report, per_host, bandwidth, latency, backend="gloo", cpu=None):
+    """(step seconds, communication seconds) for the last step of a plan report.
+
+    `cpu`, for a simulated cluster on one machine: {"cores", "ns_per_byte_link",
+    "ns_per_byte_loopback"}. The communication then also costs the machine CPU time (every
+    byte through the kernels and the switch), which, with every core busy, does not overlap:
+    a step's communication takes the longer of its network time and that CPU time over the
+    cores."""
+    groups = report["groups"]
+    world = len(groups[0]) if groups else 1
+    network = 0.0
+    crossing = loopback = 0.0
+    for op, sent, n, group in report["last_step_calls"]:
+        members = groups[group]
+        network += call_seconds(op, sent, n, members, per_host, bandwidth, latency, backend)
+        c, lo = call_bytes(op, sent, n, members, per_host)
+        instances = world / len(members)
+        crossing += c * instances
+        loopback += lo * instances
+    comm = network
+    if cpu is not None:
+        cpu_s = (crossing * cpu["ns_per_byte_link"] + loopback * cpu["ns_per_byte_loopback"]) * 1e-9 / cpu["cores"]
+        comm = max(network, cpu_s)
+    return compute_s + comm, comm
+
+
+def main():
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("report", help="a plan report, plan_rank_<R>.json (ddprun --plan, DDP_PLAN_REPORT)")
+    parser.add_argument("--compute-ms", type=float, required=True, help="the step's compute, measured")
+    parser.add_argument("--hosts", type=int, required=True)
+    parser.add_argument("--per-host", type=int, required=True, help="ranks per host")
+    parser.add_argument("--gbit", type=float, required=True, help="each host link's bandwidth, Gbit/s")
+    parser.add_argument("--latency-us", type=float, required=True, help="one-way latency between hosts")
+    parser.add_argument("--backend", choices=("gloo", "nccl"), default="gloo")
+    args = parser.parse_args()
+    report = json.load(open(args.report))
+    if report["world_size"] != args.hosts * args.per_host:
+        sys.exit(f"cost_model: the report is of world {report['world_size']}, not {args.hosts} x {args.per_host}")
+    step, comm = predict(args.compute_ms / 1e3, report, args.per_host, args.gbit * 1e9 / 8,
+                         args.latency_us / 1e6, args.backend)
+    print(f"cost_model: step {step * 1e3:.1f} ms = compute {args.compute_ms:.1f} ms + communication {comm * 1e3:.1f} ms")
+
+
+if __name__ == "__main__":
+    main()

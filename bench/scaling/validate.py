@@ -1,0 +1,206 @@
+#!/usr/bin/env python3
+"""The cost model against jobs on simulated clusters (docs/scaling.md).
+
+For each topology (hosts x ranks per host), each strategy (DDP, ZeRO, FSDP,
+HSDP) and each link (bandwidth, latency): the compute of a step and its
+collectives from the fake backend (as many processes at once as the job
+has, each playing its rank, writing its plan report), the model's
+prediction from them, and the step time of the real job on network
+namespaces joined by ddp_netsim's switch (examples/gpt under ddprun, one
+ddprun per host). Prints a table, measured against predicted.
+
+    sudo bench/scaling/validate.py --build build [--quick] [--out DIR]
+
+Needs root (network namespaces) and an idle machine: the figures are step
+times.
+"""
+
+import argparse
+import json
+import os
+import re
+import shutil
+import statistics
+import subprocess
+import sys
+import time
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+sys.path.insert(0, HERE)
+import cost_model  # noqa: E402
+
+# A GPT whose gradients (51 MB) take longer to send over a 1 Gbit/s link
+# than its step takes to compute on one core, so that the network decides.
+MODEL = ["--layers", "4", "--embd", "512", "--heads", "8", "--block", "32", "--batch", "1",
+         "--steps", "10", "--sample", "0", "--log-every", "1000", "--threads", "1", "--report"]
+STRATEGIES = {
+    "ddp": ["--parallel", "ddp"],
+    "zero": ["--parallel", "zero"],
+    "fsdp": ["--parallel", "fsdp"],
+    "hsdp": ["--parallel", "fsdp", "--strategy", "hybrid"],
+}
+TOPOLOGIES = [(2, 1), (2, 2), (4, 1), (4, 2)]
+LINKS = [(1000, 100), (1000, 1000), (10000, 100), (10000, 1000)]  # Mbit/s, one-way latency in us
+RESULT = re.compile(r"gpt_result .*rank=(\d+) world=(\d+).* tokens_per_s=([0-9.]+)")
+
+
+def step_seconds(output, world):
+    """Each rank's step time from its gpt_result line (batch 1 x block 32 per rank)."""
+    block = int(MODEL[MODEL.index("--block") + 1])
+    batch = int(MODEL[MODEL.index("--batch") + 1])
+    times = {}
+    for match in RESULT.finditer(output):
+        rank, tokens_per_s = int(match.group(1)), float(match.group(3))
+        times[rank] = batch * world * block / tokens_per_s
+    return times
+
+
+def collect(procs, timeout, what):
+    """The processes' output together; exits naming `what` when one failed."""
+    output = ""
+    for proc in procs:
+        text, _ = proc.communicate(timeout=timeout)
+        output += text
+        if proc.returncode != 0:
+            sys.exit(f"validate: {what} failed:\n{text}")
+    return output
+
+
+def fake_run(build, hosts, per_host, strategy, out):
+    """Compute per step (mean over the ranks, all running at once) and rank 0's plan report."""
+    world = hosts * per_host
+    folder = os.path.join(out, f"fake_{strategy}_{hosts}x{per_host}")
+    shutil.rmtree(folder, ignore_errors=True)
+    os.makedirs(folder)
+    procs = []
+    for rank in range(world):
+        env = {k: v for k, v in os.environ.items() if k not in ("MASTER_ADDR", "MASTER_PORT")}
+        env.update(DDP_BACKEND="fake", RANK=str(rank), WORLD_SIZE=str(world), LOCAL_RANK=str(rank % per_host),
+                   LOCAL_WORLD_SIZE=str(per_host), GROUP_RANK=str(rank // per_host), DDP_PLAN_REPORT=folder,
+                   OMP_NUM_THREADS="1")
+        procs.append(subprocess.Popen([f"{build}/examples/gpt_train"] + MODEL + STRATEGIES[strategy], env=env,
+                                      stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True))
+    output = collect(procs, 600, f"the fake run of {strategy} on {hosts}x{per_host}")
+    times = step_seconds(output, world)
+    report = json.load(open(os.path.join(folder, "plan_rank_0.json")))
+    return statistics.mean(times.values()), report
+
+
+def cluster(*args):
+    subprocess.run(["bash", os.path.join(HERE, "cluster.sh")] + [str(a) for a in args], check=True,
+                   stdout=subprocess.DEVNULL)
+
+
+def probe(server_host, client_host, address):
+    server = subprocess.Popen(["bash", os.path.join(HERE, "cluster.sh"), "exec", str(server_host), sys.executable,
+                               os.path.join(HERE, "link_probe.py"), "server"])
+    text = subprocess.run(["bash", os.path.join(HERE, "cluster.sh"), "exec", str(client_host), sys.executable,
+                           os.path.join(HERE, "link_probe.py"), "client", address, "256"],
+                          check=True, capture_output=True, text=True, timeout=300).stdout
+    server.wait(timeout=60)
+    return {key: float(value) for key, value in re.findall(r"(\w+)=([0-9.]+)", text)}
+
+
+def probe_link():
+    """Between hosts 0 and 1: one-way latency (s), bandwidth (bytes/s) and CPU ns per byte; and
+    the CPU ns per byte between two processes of host 0 (loopback)."""
+    link = probe(1, 0, "10.77.0.2")
+    loopback = probe(0, 0, "10.77.0.1")
+    return (link["rtt_us"] * 1e-6 / 2, link["mbit_s"] * 1e6 / 8, link["cpu_ns_per_byte"],
+            loopback["cpu_ns_per_byte"])
+
+
+def real_run(build, hosts, per_host, strategy, port, out):
+    """Rank 0's step time of the real job on the simulated cluster."""
+    world = hosts * per_host
+    procs = []
+    env = dict(os.environ, DDP_JOB_ID=f"validate-{port}")
+    for host in range(hosts):
+        procs.append(subprocess.Popen(
+            ["bash", os.path.join(HERE, "cluster.sh"), "exec", str(host), f"{build}/ddprun", "--nnodes", str(hosts),
+             "--node-rank", str(host), "--nproc-per-node", str(per_host), "--master-addr", "10.77.0.1",
+             "--master-port", str(port), "--no-prefix", f"{build}/examples/gpt_train"] + MODEL + STRATEGIES[strategy],
+            env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True))
+    output = collect(procs, 900, f"the real run of {strategy} on {hosts}x{per_host}")
+    with open(os.path.join(out, f"real_{strategy}_{hosts}x{per_host}_{port}.log"), "w") as log:
+        log.write(output)
+    return step_seconds(output, world)[0]
+
+
+def main():
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--build", default="build")
+    parser.add_argument("--out", default="/tmp/ddp_scaling_validate")
+    parser.add_argument("--quick", action="store_true", help="2 hosts x 1 rank, 1 Gbit/s, both latencies")
+    parser.add_argument("--measured", help="a results.json of an earlier run: take its real jobs' step times and "
+                        "its probes instead of running them again (the fake runs and the model run anew)")
+    args = parser.parse_args()
+    build = os.path.abspath(args.build)
+    os.makedirs(args.out, exist_ok=True)
+    topologies = [(2, 1)] if args.quick else TOPOLOGIES
+    links = LINKS[:2] if args.quick else LINKS
+    computes = {}
+    for hosts, per_host in topologies:
+        for strategy in STRATEGIES:
+            computes[(hosts, per_host, strategy)] = fake_run(build, hosts, per_host, strategy, args.out)
+            print(f"validate: compute {strategy} {hosts}x{per_host}: "
+                  f"{computes[(hosts, per_host, strategy)][0] * 1e3:.1f} ms", flush=True)
+    earlier = {}
+    if args.measured:
+        for r in json.load(open(args.measured)):
+            earlier[(r["hosts"], r["per_host"], r["mbit"], r["latency_us"], r["strategy"])] = r
+    rows = []
+    port = 29600
+    try:
+        for mbit, latency_us in links:
+            for hosts, per_host in topologies:
+                if args.measured:
+                    first = earlier[(hosts, per_host, mbit, latency_us, "ddp")]
+                    latency, bandwidth = first["probe_latency_us"] * 1e-6, first["probe_mbit"] * 1e6 / 8
+                    ns_link, ns_loopback = first.get("cpu_ns_per_byte_link"), first.get("cpu_ns_per_byte_loopback")
+                    if ns_link is None:  # an earlier run without them: probe this cluster's CPU cost alone
+                        cluster("up", f"{build}/bench/ddp_netsim", hosts, mbit, latency_us)
+                        _, _, ns_link, ns_loopback = probe_link()
+                        cluster("down")
+                else:
+                    cluster("up", f"{build}/bench/ddp_netsim", hosts, mbit, latency_us)
+                    latency, bandwidth, ns_link, ns_loopback = probe_link()
+                cpu = {"cores": os.cpu_count(), "ns_per_byte_link": ns_link, "ns_per_byte_loopback": ns_loopback}
+                for strategy in STRATEGIES:
+                    port += 1
+                    compute, report = computes[(hosts, per_host, strategy)]
+                    predicted, comm = cost_model.predict(compute, report, per_host, bandwidth, latency, cpu=cpu)
+                    nominal, _ = cost_model.predict(compute, report, per_host, mbit * 1e6 / 8, latency_us * 1e-6,
+                                                    cpu=cpu)
+                    if args.measured:
+                        measured = earlier[(hosts, per_host, mbit, latency_us, strategy)]["measured_ms"] / 1e3
+                    else:
+                        measured = real_run(build, hosts, per_host, strategy, port, args.out)
+                    row = dict(hosts=hosts, per_host=per_host, mbit=mbit, latency_us=latency_us, strategy=strategy,
+                               probe_mbit=bandwidth * 8 / 1e6, probe_latency_us=latency * 1e6,
+                               cpu_ns_per_byte_link=ns_link, cpu_ns_per_byte_loopback=ns_loopback,
+                               compute_ms=compute * 1e3, comm_ms=comm * 1e3, predicted_ms=predicted * 1e3,
+                               nominal_ms=nominal * 1e3, measured_ms=measured * 1e3,
+                               error=predicted / measured - 1)
+                    rows.append(row)
+                    print("validate: " + json.dumps(row), flush=True)
+                if not args.measured:
+                    cluster("down")
+    finally:
+        if not args.measured:
+            cluster("down")
+    print()
+    print("| hosts x ranks | link | probed | strategy | compute ms | predicted ms | measured ms | error |")
+    print("|---|---|---|---|---|---|---|---|")
+    for r in rows:
+        print(f"| {r['hosts']} x {r['per_host']} | {r['mbit'] / 1000:g} Gbit/s, {r['latency_us'] / 1000:g} ms "
+              f"| {r['probe_mbit']:.0f} Mbit/s, {r['probe_latency_us']:.0f} us | {r['strategy']} "
+              f"| {r['compute_ms']:.0f} | {r['predicted_ms']:.0f} | {r['measured_ms']:.0f} | {r['error']:+.1%} |")
+    worst = max(abs(r["error"]) for r in rows)
+    print(f"\nvalidate: {len(rows)} jobs, worst error {worst:.1%}, "
+          f"{sum(abs(r['error']) <= 0.2 for r in rows)} within 20%")
+    json.dump(rows, open(os.path.join(args.out, "results.json"), "w"), indent=1)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,17 @@
+# tests: the plan (include/ddp/plan.h, `ddprun --plan`). The report's
+# figures in one process with the fake backend (memory counted, DDP's steps
+# and their bytes, the file); a plan's peak memory against real runs of
+# examples/gpt on 2 and 3 ranks as DDP, ZeRO and FSDP (within 10%); and
+# 303M parameters as rank 0 of 1024 under FSDP, in one process, without
+# ever holding the model, with the bytes a step of full sharding sends.
+ddp_add_gtest(plan_test SOURCES plan/plan_test.cpp LIBS ddp_testing LABELS unit TIMEOUT 60)
+if(DDP_BUILD_EXAMPLES)
+  ddp_add_output_test(plan_memory_gpt EXIT 0 REGEX "^check_plan_memory: OK$"
+    TIMEOUT 240 LABELS integration
+    COMMAND sh ${CMAKE_CURRENT_LIST_DIR}/run_plan_test.sh memory $<TARGET_FILE:ddprun> $<TARGET_FILE:gpt_train>
+      ${DDP_TEST_PYTHON} ${CMAKE_CURRENT_BINARY_DIR}/plan_work)
+  ddp_add_output_test(plan_fsdp_1024 EXIT 0 REGEX "^check_plan_large_world: OK$"
+    TIMEOUT 180 LABELS integration
+    COMMAND sh ${CMAKE_CURRENT_LIST_DIR}/run_plan_test.sh large-world $<TARGET_FILE:ddprun>
+      $<TARGET_FILE:gpt_train> ${DDP_TEST_PYTHON} ${CMAKE_CURRENT_BINARY_DIR}/plan_large_work)
+endif()
