@@ -21,9 +21,9 @@ namespace {
 // placed in front of it sees them all: it asks the allocator it replaced
 // for the memory, keeps what it got (and its size) by address, and hands
 // out a DataPtr whose deleter counts the bytes back and lets the allocator
-// behind free them. Memory that
-// is not a tensor's (LibTorch's and Gloo's own buffers, the program's code)
-// is not counted; the process's peak resident set is reported beside it.
+// behind free them. Memory that is not a tensor's (LibTorch's and Gloo's
+// own buffers, the program's code) is not counted; the process's peak
+// resident set is reported beside it.
 // The buffers the Gloo and MPI backends put in shared memory for DDP's
 // buckets (src/comm/shm/) are mapped, not allocated: they count themselves
 // (count_tensor_bytes_outside_allocator), as the fake group, which has no
