@@ -31,7 +31,7 @@ struct PlanReport {
   int64_t tensor_bytes = 0;
   int64_t peak_tensor_bytes = 0;
   /// The most held at once before the first step (construction), and in
-  /// each step (steps as below; the last one's so far).
+  /// each step (steps as below, the last 1000; the last one's so far).
   int64_t setup_peak_tensor_bytes = 0;
   std::vector<int64_t> step_peak_tensor_bytes;
   /// The process's peak resident set (getrusage), for comparison.
@@ -41,8 +41,10 @@ struct PlanReport {
   /// Bytes this rank would have sent before the first step (construction's
   /// broadcasts and checks), and in each step: a step runs from one
   /// DistributedDataParallel or FullyShardedDataParallel forward with
-  /// gradients to the next (the last one to now), so a ZeroRedundancyOptimizer
-  /// step counts in the step of the forward before it.
+  /// gradients to the next (the last one to now; the last 1000 steps are
+  /// kept), so a ZeroRedundancyOptimizer step counts in the step of the
+  /// forward before it. Steps are marked only in a process that plans (the
+  /// fake backend or DDP_PLAN_REPORT).
   int64_t setup_bytes_sent = 0;
   std::vector<int64_t> step_bytes_sent;
   /// Every fake group's operations together, by kind.

@@ -2,7 +2,9 @@
 
 #include <sys/resource.h>
 
+#include <atomic>
 #include <cstdlib>
+#include <deque>
 #include <mutex>
 
 #include <ddp/plan.h>
@@ -24,12 +26,18 @@ namespace {
 // default group is made so that a real run counts from the same point; the
 // bytes of every fake group (the default one and its subgroups: HSDP's
 // shard and replicate groups) by kind, and cut into steps where DDP or FSDP
-// begins a forward with gradients (where the timeline begins its steps).
+// begins a forward with gradients (where the timeline begins its steps),
+// in a process that plans only, the last kMaxSteps of them.
 // The report is written at destroy_process_group() and again at exit, so
 // that a program that never destroys its group still leaves one.
 
-// The most operations kept for last_step_calls.
+// The most operations kept for last_step_calls, and steps kept.
 constexpr size_t kMaxStepCalls = 1 << 16;
+constexpr size_t kMaxSteps = 1000;
+
+// Whether this process plans (the fake backend or DDP_PLAN_REPORT): the
+// steps are marked only then, so that training costs nothing for it.
+std::atomic<bool> g_planning{false};
 
 struct State {
   std::mutex mutex;
@@ -38,8 +46,11 @@ struct State {
   std::string backend;
   bool bytes_counted = false;
   int64_t total_sent = 0;
-  std::vector<int64_t> step_starts; // total_sent when each step began
-  std::vector<int64_t> window_peaks;  // the peak tensor bytes before the first step, then in each step but the last
+  bool stepped = false;             // a step has begun
+  int64_t setup_sent = 0;           // total_sent when the first step began
+  int64_t setup_peak = 0;           // the peak tensor bytes before it
+  std::deque<int64_t> step_starts;  // total_sent when each of the last kMaxSteps steps began
+  std::deque<int64_t> step_peaks;   // the peak tensor bytes of each of them but the one under way
   std::map<std::string, FakeTraffic> traffic;
   std::vector<PlanReport::Call> step_calls; // since the last step began
   std::vector<std::vector<int>> groups;      // the world ranks of each group seen
@@ -141,6 +152,7 @@ void plan_group_created(int rank, int world_size, const std::string& backend) {
   }
   if (fake || reporting) {
     start_counting_cpu_tensor_memory();
+    g_planning.store(true);
   }
   if (reporting) {
     static std::once_flag once;
@@ -149,10 +161,24 @@ void plan_group_created(int rank, int world_size, const std::string& backend) {
 }
 
 void plan_begin_step() {
+  if (!g_planning.load(std::memory_order_relaxed)) {
+    return;
+  }
   State& s = state();
   std::lock_guard<std::mutex> lock(s.mutex);
+  const int64_t peak = start_new_peak_window();
+  if (!s.stepped) {
+    s.stepped = true;
+    s.setup_sent = s.total_sent;
+    s.setup_peak = peak;
+  } else {
+    s.step_peaks.push_back(peak);
+  }
   s.step_starts.push_back(s.total_sent);
-  s.window_peaks.push_back(start_new_peak_window());
+  if (s.step_starts.size() > kMaxSteps) {
+    s.step_starts.pop_front();
+    s.step_peaks.pop_front();
+  }
   s.step_calls.clear();
 }
 
@@ -192,7 +218,7 @@ PlanReport plan_report() {
     report.world_size = s.world_size;
     report.backend = s.backend;
     report.bytes_counted = s.bytes_counted;
-    report.setup_bytes_sent = s.step_starts.empty() ? s.total_sent : s.step_starts.front();
+    report.setup_bytes_sent = s.stepped ? s.setup_sent : s.total_sent;
     for (size_t i = 0; i < s.step_starts.size(); ++i) {
       const int64_t end = i + 1 < s.step_starts.size() ? s.step_starts[i + 1] : s.total_sent;
       report.step_bytes_sent.push_back(end - s.step_starts[i]);
@@ -200,13 +226,11 @@ PlanReport plan_report() {
     report.traffic = s.traffic;
     report.last_step_calls = s.step_calls;
     report.groups = s.groups;
-    if (!s.window_peaks.empty()) {
-      report.setup_peak_tensor_bytes = s.window_peaks.front();
-      report.step_peak_tensor_bytes.assign(s.window_peaks.begin() + 1, s.window_peaks.end());
+    report.setup_peak_tensor_bytes = s.stepped ? s.setup_peak : internal::peak_in_window();
+    if (s.stepped) {
+      report.step_peak_tensor_bytes.assign(s.step_peaks.begin(), s.step_peaks.end());
       // The step under way: its peak so far, without starting a new window.
       report.step_peak_tensor_bytes.push_back(internal::peak_in_window());
-    } else {
-      report.setup_peak_tensor_bytes = internal::peak_in_window();
     }
   }
   report.counting_memory = internal::counting_cpu_tensor_memory();
