@@ -436,13 +436,14 @@ class DDP_GLOO_HIDDEN ProcessGroupGloo::Impl {
   };
 
   // Reads the store for `task`'s failure (a timeout, or a connection lost to
-  // `peer`, -1 when unknown) within kDiagnosisBudget: a store whose server
+  // `peer`, -1 when unknown; `stalled`: the task had run for kLongStall, see
+  // Note [A lost peer that timed out]) within kDiagnosisBudget: a store whose server
   // cannot be reached (a link down) must not hold the error back past the
   // caller's deadline. nullopt when it did not answer in time; its calls
   // then finish on their own thread. The mismatch that the monitor found
   // for the task's collective comes first: a peer that found it first has
   // shut the connections down, which is how this task failed.
-  std::optional<Diagnosis> diagnose(const Task& task, bool timed_out, int peer) {
+  std::optional<Diagnosis> diagnose(const Task& task, bool timed_out, int peer, bool stalled) {
     {
       std::lock_guard<std::mutex> lock(mutex_);
       const auto found = mismatches_.find(task.fingerprint.seq);
@@ -456,7 +457,7 @@ class DDP_GLOO_HIDDEN ProcessGroupGloo::Impl {
     return internal::run_within<Diagnosis>(
         kDiagnosisBudget,
         [fingerprints = fingerprints_, failures = failures_, fingerprint = task.fingerprint, rank = group_.rank(),
-         timed_out, peer] {
+         timed_out, peer, stalled] {
           Diagnosis found;
           try {
             found.mismatch = fingerprints->publish_and_compare(fingerprint);
@@ -474,10 +475,22 @@ class DDP_GLOO_HIDDEN ProcessGroupGloo::Impl {
                                 ? failures->first()
                                 : failures->record({found.missing.unseen.front(),
                                                     c10::str("rank ", rank, " timed out in ", op, " waiting for it")});
+            } else if (peer < 0) {
+              found.first = failures->first();
             } else {
-              found.first = peer < 0 ? failures->first()
-                                     : failures->record({peer, c10::str("rank ", rank, " lost its connection to it in ",
-                                                                        op)});
+              if (stalled) {
+                found.missing = fingerprints->ranks_missing_when_last_compared(fingerprint.seq);
+              }
+              const auto& unseen = found.missing.unseen;
+              // A peer that waited in this collective beside this rank and
+              // then left (Gloo closes a rank's connections when it times
+              // out) was waiting for the ranks that never came.
+              found.first =
+                  unseen.empty() || std::find(unseen.begin(), unseen.end(), peer) != unseen.end()
+                      ? failures->record({peer, c10::str("rank ", rank, " lost its connection to it in ", op)})
+                      : failures->record({unseen.front(), c10::str("rank ", rank, " lost its connection to rank ",
+                                                                   peer, " in ", op, ", which rank ",
+                                                                   unseen.front(), " had not reached")});
             }
           } catch (const std::exception&) {
             // The store is gone (its server ended with rank 0): what this
@@ -491,11 +504,22 @@ class DDP_GLOO_HIDDEN ProcessGroupGloo::Impl {
         });
   }
 
+  // How long `task` has run (zero once it is no longer running).
+  std::chrono::steady_clock::duration ran_for(const Task& task) {
+    std::lock_guard<std::mutex> lock(mutex_);
+    for (const auto& running : running_tasks_) {
+      if (running.fingerprint.seq == task.fingerprint.seq) {
+        return std::chrono::steady_clock::now() - running.start;
+      }
+    }
+    return {};
+  }
+
   std::exception_ptr convert_io_error(const Task& task, const std::string& what) {
     const bool timed_out = internal::classify_gloo_error(what) == internal::GlooFailure::kTimeout;
     // Gloo names a lost peer by its socket address.
     const int peer = timed_out ? -1 : peer_of(what);
-    const auto diagnosis = diagnose(task, timed_out, peer);
+    const auto diagnosis = diagnose(task, timed_out, peer, !timed_out && ran_for(task) >= kLongStall);
     const std::string unanswered =
         diagnosis ? std::string()
                   : c10::str("; the group's store did not answer within ", kDiagnosisBudget.count(),
@@ -521,19 +545,22 @@ class DDP_GLOO_HIDDEN ProcessGroupGloo::Impl {
           internal::first_failure_clause(diagnosis ? diagnosis->first : std::nullopt, missing.unseen), unanswered,
           ". Gloo said: ", what)));
     } else {
-      const std::vector<int> named = peer >= 0 ? std::vector<int>{peer} : std::vector<int>{};
-      // With the store gone, the ranks that had not arrived when this rank
-      // last read it may be why the peer left.
-      const std::string absent =
-          diagnosis && diagnosis->store_gone
-              ? diagnosis->missing.clause(task.fingerprint.op, task.fingerprint.seq,
-                                          " when this rank last read the store")
-              : std::string();
+      // The ranks that had not arrived may be why the peer left: as the
+      // store says after a long wait (Note [A lost peer that timed out]), or
+      // as this rank last read it when the store has gone.
+      const internal::Absentees missing = diagnosis ? diagnosis->missing : internal::Absentees{};
+      const std::string absent = missing.clause(
+          task.fingerprint.op, task.fingerprint.seq,
+          diagnosis && diagnosis->store_gone ? " when this rank last read the store" : "");
+      std::vector<int> named = missing.unseen;
+      if (peer >= 0) {
+        named.push_back(peer);
+      }
       error = std::make_exception_ptr(RemoteError(
           c10::str(task.work->name(), ": lost connection to ",
                    peer >= 0 ? c10::str("rank ", peer) : std::string("a peer"),
-                   " (this is rank ", group_.rank(), "); the peer probably exited or crashed",
-                   internal::first_failure_clause(diagnosis ? diagnosis->first : std::nullopt, named), absent,
+                   " (this is rank ", group_.rank(), "); the peer probably exited or crashed", absent,
+                   internal::first_failure_clause(diagnosis ? diagnosis->first : std::nullopt, named),
                    unanswered, ". Gloo said: ", what),
           peer));
     }
@@ -629,6 +656,21 @@ class DDP_GLOO_HIDDEN ProcessGroupGloo::Impl {
   };
   static constexpr std::chrono::milliseconds kStallDelay{1000};
   static constexpr std::chrono::milliseconds kMonitorInterval{250};
+  // Note [A lost peer that timed out]. Gloo closes all of a rank's
+  // connections the moment one of its operations times out, before that
+  // rank has read the store to say whom it waited for, so its peers fail
+  // at once with a lost connection to it. Blaming it would be wrong when
+  // it, like them, was waiting for ranks that never came (a link to another
+  // host down, say): its record in the store (Note [First failure]) may come
+  // too late, or never, when rank 0, the store's server, exits first. A
+  // rank whose collective had run for kLongStall when it lost a peer
+  // therefore reads who had not reached the collective, as a timeout does
+  // (every rank in it that long has published its fingerprint: the
+  // monitor's kStallDelay and kMonitorInterval, with room to spare), names
+  // them in its error and blames the first of them unless the lost peer is
+  // among them. A shorter collective says nothing of absentees: a rank in it
+  // for less than kStallDelay has not published, and would read as absent.
+  static constexpr std::chrono::milliseconds kLongStall{2000};
   // How long a rank that found a mismatch waits for the other ranks in that
   // collective to find it too (FingerprintExchange::acknowledge_mismatch).
   static constexpr std::chrono::milliseconds kMismatchPatience{5000};

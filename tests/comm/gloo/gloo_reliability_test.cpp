@@ -1,5 +1,6 @@
 // What a failing or ending Gloo group says and does, with real processes:
 // - a lost connection among 4 ranks names the rank that died, not "a peer";
+// - a peer lost after a long wait leaves the ranks that never came named;
 // - at an env:// rendezvous whose store rank 0 serves, the other ranks name
 //   the rank that never arrived (they used to see only the lost store);
 // - destroy_process_group() lets an operation issued without wait() finish.
@@ -159,6 +160,50 @@ TEST(GlooReliability, EverySurvivorOfEightNamesTheRankThatDiedFirst) {
 TEST(GlooReliability, EverySurvivorOfFourNamesTheRankThatStopped) {
   for (const std::string& error : survivors_errors(4, 1, true)) {
     EXPECT_TRUE(blames(error, 1)) << "does not name rank 1: " << error;
+  }
+}
+
+// A rank that loses a peer after waiting long in a collective must name the
+// ranks that never came, not only the peer: Gloo closes a rank's
+// connections the moment one of its operations times out, so the peers of
+// a rank that timed out waiting for the same absentees see a lost
+// connection first (Note [A lost peer that timed out] in
+// process_group_gloo_impl.h). Rank 3 has a 3 s deadline, ranks 0 and 1
+// 20 s; rank 2 never comes, and leaves after 8 s. Whichever of ranks 1 and
+// 3 rank 0 loses, its error names rank 2 and does not blame the peer.
+TEST(GlooReliability, ALostPeerAfterALongWaitLeavesTheAbsentRanksNamed) {
+  const auto results = run_processes(
+      4,
+      [](int rank, std::shared_ptr<Store> store) -> int {
+        auto pg = make_gloo_group(store, rank, 4, rank == 3 ? 3s : 20s);
+        auto warmup = torch::ones({16});
+        pg->allreduce(warmup)->wait();
+        if (rank == 2) {
+          std::this_thread::sleep_for(8s); // in no collective, connections open
+          return kAsExpected;
+        }
+        auto t = torch::ones({1 << 18});
+        try {
+          pg->allreduce(t)->wait();
+        } catch (const std::exception& e) {
+          std::fprintf(stderr, "ERROR: %s\n", e.what());
+          const std::string what = e.what();
+          const bool absent_named = what.find("rank(s) [2] had not reached allreduce #1") != std::string::npos;
+          if (rank != 0) {
+            std::this_thread::sleep_for(1s); // rank 0 fails before the store goes
+            return absent_named ? kAsExpected : kOtherError;
+          }
+          const bool lost = what.find("lost connection to rank 1 (") != std::string::npos ||
+                            what.find("lost connection to rank 3 (") != std::string::npos;
+          const bool blames_peer = what.find("rank 1 failed first") != std::string::npos ||
+                                   what.find("rank 3 failed first") != std::string::npos;
+          return lost && absent_named && !blames_peer ? kAsExpected : kOtherError;
+        }
+        return kNoError;
+      },
+      40s);
+  for (int r = 0; r < 4; ++r) {
+    EXPECT_EQ(results[r].exit_code, kAsExpected) << "rank " << r << ": " << results[r].output;
   }
 }
 
