@@ -552,10 +552,9 @@ class DDP_GLOO_HIDDEN ProcessGroupGloo::Impl {
       const std::string absent = missing.clause(
           task.fingerprint.op, task.fingerprint.seq,
           diagnosis && diagnosis->store_gone ? " when this rank last read the store" : "");
-      std::vector<int> named = missing.unseen;
-      if (peer >= 0) {
-        named.push_back(peer);
-      }
+      // The group's first failure is told unless it is the peer: beside
+      // the absentees it says who failed first, and why.
+      const std::vector<int> named = peer >= 0 ? std::vector<int>{peer} : std::vector<int>{};
       error = std::make_exception_ptr(RemoteError(
           c10::str(task.work->name(), ": lost connection to ",
                    peer >= 0 ? c10::str("rank ", peer) : std::string("a peer"),
