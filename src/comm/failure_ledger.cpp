@@ -12,7 +12,10 @@
 // its error says "rank 3 failed first (rank 2 lost its connection to it in
 // allreduce #5)" when it blames another rank itself. The order holds
 // because a survivor's peers see its connections close only once it exits
-// or shuts them down, after it has written the record.
+// or shuts them down, after it has written the record; except after a Gloo
+// timeout, whose rank's connections Gloo closes before it writes anything:
+// its peers then blame the ranks that had not arrived when they waited long
+// (Note [A lost peer that timed out] in comm/gloo/process_group_gloo_impl.h).
 //
 // These store calls run within a budget of their own (run_within, 1 s in
 // the Gloo group): when the store's server is unreachable (a link down
