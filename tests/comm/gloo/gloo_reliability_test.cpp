@@ -190,7 +190,7 @@ TEST(GlooReliability, ALostPeerAfterALongWaitLeavesTheAbsentRanksNamed) {
           const std::string what = e.what();
           const bool absent_named = what.find("rank(s) [2] had not reached allreduce #1") != std::string::npos;
           if (rank != 0) {
-            std::this_thread::sleep_for(1s); // rank 0 fails before the store goes
+            std::this_thread::sleep_for(1s); // stays a moment, as a training program might not
             return absent_named ? kAsExpected : kOtherError;
           }
           const bool lost = what.find("lost connection to rank 1 (") != std::string::npos ||
