@@ -64,6 +64,12 @@ void wait_for_all_ranks(ddp::Store& store, const std::string& prefix, int rank, 
   const std::string votes_key = prefix + "size_votes/" + std::to_string(size);
   store.add(votes_key, 1);
   store.set(prefix + "arrived/" + std::to_string(rank), std::to_string(size));
+  // Note [One key for the whole world]: the n-th rank to count its arrival
+  // sets "arrivals_reached/<n>", and each rank waits for the key of its own
+  // world size alone.
+  const int64_t arrivals = store.add(prefix + "arrivals", 1);
+  store.set(prefix + "arrivals_reached/" + std::to_string(arrivals), "1");
+  const std::string all_arrived = prefix + "arrivals_reached/" + std::to_string(size);
 
   std::vector<std::string> keys;
   for (int r = 0; r < size; ++r) {
@@ -86,7 +92,7 @@ void wait_for_all_ranks(ddp::Store& store, const std::string& prefix, int rank, 
     for (;;) {
       const auto slice = interval.count() > 0 ? std::min(interval, deadline - waited) : deadline - waited;
       try {
-        store.wait(keys, slice);
+        store.wait({all_arrived}, slice);
         break;
       } catch (const TimeoutError&) {
         waited += slice;
@@ -123,13 +129,24 @@ void wait_for_all_ranks(ddp::Store& store, const std::string& prefix, int rank, 
   if (store.add(votes_key, 0) == size) {
     return; // every rank voted for this world size
   }
+  // Among the first `size` ranks to arrive, one voted for another world
+  // size: name it. Ranks of this world that have not arrived (there are
+  // more processes than this rank's world size) are skipped, since reading
+  // their keys would wait.
   for (int r = 0; r < size; ++r) {
+    if (!store.check({keys[r]})) {
+      continue;
+    }
     const auto value = store.get(keys[r]);
     const std::string their_size(value.begin(), value.end());
     DDP_CHECK(their_size == std::to_string(size), who, " init_process_group: rank ", r,
               " was started with world size ", their_size, ", this rank with ", size,
               "; every rank needs the same WORLD_SIZE");
   }
+  DDP_CHECK(false, who, " init_process_group: the first ", size,
+            " ranks to arrive were not all started with world size ", size,
+            " as this rank was: a rank numbered ", size,
+            " or above arrived with another WORLD_SIZE; every rank needs the same WORLD_SIZE");
 }
 
 

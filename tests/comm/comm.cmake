@@ -12,6 +12,11 @@ ddp_add_gtest(fingerprint_test SOURCES comm/fingerprint_test.cpp LIBS ddp_testin
 # ZeRO and FSDP share (src/comm/objects/same_on_every_rank.h).
 ddp_add_gtest(same_on_every_rank_test SOURCES comm/same_on_every_rank_test.cpp LIBS ddp_testing LABELS unit
   TIMEOUT 60)
+# The arrival step of every rendezvous (src/comm/rendezvous_arrival.h):
+# ranks as threads over a HashStore, released together, a missing rank and a
+# world size that differs named.
+ddp_add_gtest(rendezvous_arrival_test SOURCES comm/rendezvous_arrival_test.cpp LIBS ddp_testing
+  LABELS unit TIMEOUT 60)
 # The fake backend: mirror outputs, the bytes counted, its checks, meta
 # tensors, DDP, ZeRO and FSDP as one rank of 4 to 1024 in one process, and
 # DDP_BACKEND=fake (include/ddp/comm/process_group_fake.h).
