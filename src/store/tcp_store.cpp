@@ -3,7 +3,7 @@
 // How it works
 // ------------
 // One *server* (TCPStoreServer, tcp_store_server.cpp) holds the map. It runs
-// a single thread around poll(): the listening socket, a wake-up pipe (how
+// a single thread around epoll: the listening socket, a wake-up pipe (how
 // the destructor stops it) and every client connection. Each *client*
 // (TCPStore, below) talks to it over connections that carry one request and
 // then one reply at a time.

@@ -1,4 +1,4 @@
-// The TCPStore server: one thread, one poll() loop, every client. The
+// The TCPStore server: one thread, one epoll loop, every client. The
 // protocol and the design are described at the top of tcp_store.cpp; the
 // terms used here (header, body, parked waiter, refused message) are its.
 // The budget that bounds what the server buffers is in tcp_store_budget.cpp,
@@ -31,7 +31,7 @@
 #include <memory>
 #include <mutex>
 #include <optional>
-#include <poll.h>
+#include <sys/epoll.h>
 #include <sys/socket.h>
 #include <unistd.h>
 
@@ -79,31 +79,62 @@ void TCPStoreServerLoop::run() noexcept {
   changed_.notify_all();
 }
 
+// Note [epoll]. The loop waits with epoll, level-triggered, rather than
+// poll(): poll() hands the kernel every connection's descriptor on every
+// wake-up, and with a thousand ranks parked in a rendezvous that scan was
+// about a sixth of the server's CPU (perf). Each iteration still works out,
+// in user space, which events each connection wants (output to send: out;
+// parked, throttled or refused: only the hang-up; otherwise: in), and tells
+// epoll only when that changed. A closed descriptor leaves the epoll set by
+// itself; events are tagged with the connection's id, which is never reused,
+// so an event of a connection dropped earlier in the same batch finds nothing.
 void TCPStoreServerLoop::loop() {
-  std::vector<pollfd> fds;
-  std::vector<uint64_t> ids; // ids[i] belongs to fds[i + 2]
+  Socket epoll(::epoll_create1(EPOLL_CLOEXEC));
+  if (!epoll.valid()) {
+    throw IoError("epoll_create1(): " + errno_string(errno));
+  }
+  constexpr uint64_t kWakeTag = ~uint64_t{0};
+  constexpr uint64_t kListenerTag = kWakeTag - 1;
+  const auto watch = [&](int fd, uint32_t events, uint64_t tag, bool& registered,
+                         uint32_t& current) {
+    if (registered && events == current) {
+      return;
+    }
+    epoll_event event{};
+    event.events = events;
+    event.data.u64 = tag;
+    if (::epoll_ctl(epoll.fd(), registered ? EPOLL_CTL_MOD : EPOLL_CTL_ADD, fd, &event) != 0) {
+      throw IoError("epoll_ctl(): " + errno_string(errno));
+    }
+    registered = true;
+    current = events;
+  };
+  bool wake_registered = false;
+  uint32_t wake_events = 0;
+  watch(wake_read_.fd(), EPOLLIN, kWakeTag, wake_registered, wake_events);
+  bool listener_registered = false;
+  uint32_t listener_events = 0;
+  std::vector<epoll_event> ready(512);
+
   while (!stop_.load()) {
-    fds.clear();
-    ids.clear();
-    fds.push_back(pollfd{wake_read_.fd(), POLLIN, 0});
     const bool accepting = SteadyClock::now() >= accept_paused_until_;
-    fds.push_back(pollfd{accepting ? listener_.fd() : -1, POLLIN, 0});
+    watch(listener_.fd(), accepting ? uint32_t{EPOLLIN} : uint32_t{0}, kListenerTag, listener_registered,
+          listener_events);
 
     auto next_deadline = SteadyClock::time_point::max();
     for (auto& [id, conn] : connections_) {
-      short events = 0;
+      uint32_t events = 0;
       if (conn.output_pending()) {
-        events = POLLOUT;
+        events = EPOLLOUT;
       } else if (!conn.reads()) {
         // Parked, throttled or refused: read nothing more, but see the
         // client hang up.
-        events = POLLRDHUP;
+        events = EPOLLRDHUP;
       } else {
-        events = POLLIN;
+        events = EPOLLIN;
       }
       next_deadline = std::min(next_deadline, deadline_of(conn));
-      fds.push_back(pollfd{conn.socket.fd(), events, 0});
-      ids.push_back(id);
+      watch(conn.socket.fd(), events, id, conn.in_epoll, conn.epoll_events);
     }
     if (!accepting) {
       next_deadline = std::min(next_deadline, accept_paused_until_);
@@ -118,30 +149,30 @@ void TCPStoreServerLoop::loop() {
                 std::chrono::ceil<milliseconds>(left).count(), 60000));
     }
 
-    const int n = ::poll(fds.data(), fds.size(), timeout_ms);
+    const int n = ::epoll_wait(epoll.fd(), ready.data(), static_cast<int>(ready.size()), timeout_ms);
     if (n < 0) {
       if (errno == EINTR) {
         continue;
       }
-      throw IoError("poll(): " + errno_string(errno));
+      throw IoError("epoll_wait(): " + errno_string(errno));
     }
-    if (fds[0].revents != 0) {
-      uint8_t drain[64];
-      while (::read(wake_read_.fd(), drain, sizeof(drain)) > 0) {
-      }
-      if (stop_.load()) {
-        break;
-      }
-    }
-    if (fds[1].revents != 0) {
-      accept_clients();
-    }
-    for (size_t i = 0; i < ids.size(); ++i) {
-      const short revents = fds[i + 2].revents;
-      if (revents == 0) {
+    for (int i = 0; i < n; ++i) {
+      const uint64_t tag = ready[i].data.u64;
+      const uint32_t revents = ready[i].events;
+      if (tag == kWakeTag) {
+        uint8_t drain[64];
+        while (::read(wake_read_.fd(), drain, sizeof(drain)) > 0) {
+        }
+        if (stop_.load()) {
+          return;
+        }
         continue;
       }
-      auto it = connections_.find(ids[i]);
+      if (tag == kListenerTag) {
+        accept_clients();
+        continue;
+      }
+      auto it = connections_.find(tag);
       if (it == connections_.end()) {
         continue;
       }
@@ -149,19 +180,19 @@ void TCPStoreServerLoop::loop() {
       if (conn.closing) {
         continue;
       }
-      if ((revents & (POLLERR | POLLHUP | POLLNVAL)) != 0 ||
-          ((revents & POLLRDHUP) != 0 && !conn.reads())) {
+      if ((revents & (EPOLLERR | EPOLLHUP)) != 0 ||
+          ((revents & EPOLLRDHUP) != 0 && !conn.reads())) {
         conn.closing = true; // The client went away.
         continue;
       }
-      if ((revents & POLLOUT) != 0) {
+      if ((revents & EPOLLOUT) != 0) {
         flush(conn);
         if (!conn.output_pending()) {
-          resumed_.push_back(ids[i]);
+          resumed_.push_back(tag);
         }
       }
-      if ((revents & POLLIN) != 0) {
-        pump(ids[i], conn);
+      if ((revents & EPOLLIN) != 0) {
+        pump(tag, conn);
       }
     }
     expire(SteadyClock::now());
@@ -268,7 +299,7 @@ void TCPStoreServerLoop::pump(uint64_t id, Connection& conn) {
     }
     if (conn.received < conn.body.size()) {
       if (allowance == 0) {
-        return; // poll() brings us back; the other clients go first.
+        return; // epoll brings us back; the other clients go first.
       }
       const size_t want = std::min(conn.body.size() - conn.received, allowance);
       const size_t n = receive(conn, conn.body.data() + conn.received, want);
@@ -525,7 +556,7 @@ void TCPStoreServerLoop::flush(Connection& conn) {
       continue;
     }
     if (n < 0 && (errno == EAGAIN || errno == EWOULDBLOCK)) {
-      return; // poll() tells us when there is room.
+      return; // epoll tells us when there is room.
     }
     conn.closing = true; // The client is gone.
     return;

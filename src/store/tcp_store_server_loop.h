@@ -234,6 +234,9 @@ class TCPStoreServerLoop {
     bool close_after_output = false;
     // Set when the connection is to be dropped at the end of the iteration.
     bool closing = false;
+    // Its descriptor's registration in the loop's epoll set (Note [epoll]).
+    bool in_epoll = false;
+    uint32_t epoll_events = 0;
 
     bool output_pending() const {
       return !out.empty();
@@ -247,7 +250,7 @@ class TCPStoreServerLoop {
   void loop();
   // Handles the connections woken by the last steps, closes those marked
   // closing, and retries throttled ones once memory has been released, until
-  // nothing is left to do before the next poll().
+  // nothing is left to do before the next epoll wait.
   void settle();
   void accept_clients();
   // Reads and handles what `conn` sent, until it would block, parks, has a
@@ -318,7 +321,7 @@ class TCPStoreServerLoop {
   // own waiters, and a waiter for W keys costs O(W) in all, not O(W) per set
   // (W ranks each waiting for the W arrivals of a rendezvous: W x W, not W^3).
   std::unordered_map<std::string, std::vector<uint64_t>> watchers_;
-  // Connections to pump before the next poll: a waiter answered, output
+  // Connections to pump before the next epoll wait: a waiter answered, output
   // drained, or room found.
   std::vector<uint64_t> resumed_;
   // Throttled connections, oldest first; each at most once.
