@@ -12,6 +12,7 @@ ddp_add_part(ddp_comm_gloo
   src/comm/gloo/gloo_exchange_allreduce.cpp
   src/comm/gloo/gloo_shared_buffers.cpp
   src/comm/gloo/gloo_rendezvous.cpp
+  src/comm/gloo/silent_peers.cpp
   src/comm/gloo/sigpipe_guard.cpp)
 # Only this part sees Gloo's headers and, with a private Gloo, its
 # DDP_PRIVATE_GLOO definition: the other parts' precompiled headers stay valid

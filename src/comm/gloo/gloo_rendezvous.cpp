@@ -315,13 +315,23 @@ std::vector<std::pair<std::string, int>> exchange_peer_addresses(
   return peers;
 }
 
+std::vector<std::pair<int, int>> peer_sockets(const std::vector<std::pair<std::string, int>>& peer_addresses) {
+  std::vector<std::pair<int, int>> found;
+  for (const auto& socket : connected_sockets()) {
+    const auto peer = std::find_if(peer_addresses.begin(), peer_addresses.end(), [&](const auto& p) {
+      return std::find(socket.remote.begin(), socket.remote.end(), p.first) != socket.remote.end();
+    });
+    if (peer != peer_addresses.end()) {
+      found.emplace_back(socket.fd, peer->second);
+    }
+  }
+  return found;
+}
+
 int shut_down_connections(const std::vector<std::pair<std::string, int>>& peer_addresses) {
   int count = 0;
-  for (const auto& socket : connected_sockets()) {
-    const bool ours = std::any_of(peer_addresses.begin(), peer_addresses.end(), [&](const auto& peer) {
-      return std::find(socket.remote.begin(), socket.remote.end(), peer.first) != socket.remote.end();
-    });
-    if (ours && ::shutdown(socket.fd, SHUT_RDWR) == 0) {
+  for (const auto& [fd, rank] : peer_sockets(peer_addresses)) {
+    if (::shutdown(fd, SHUT_RDWR) == 0) {
       ++count;
     }
   }

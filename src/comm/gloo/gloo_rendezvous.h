@@ -73,6 +73,10 @@ std::vector<std::pair<std::string, int>> exchange_peer_addresses(
     gloo::Context& context, ddp::Store& store, const std::string& prefix, int rank, int size,
     std::chrono::milliseconds timeout);
 
+// This process's connected TCP sockets to the addresses of `peer_addresses`
+// (as exchange_peer_addresses returned them): (descriptor, peer's rank).
+std::vector<std::pair<int, int>> peer_sockets(const std::vector<std::pair<std::string, int>>& peer_addresses);
+
 // Shuts down (both directions) this process's TCP connections to the
 // addresses of `peer_addresses` (as exchange_peer_addresses returned them):
 // every Gloo operation of the group still waiting on them then fails at once.

@@ -35,6 +35,7 @@
 #include "comm/gloo/gloo_shared_buffers.h"
 #include "comm/gloo/gloo_words.h"
 #include "comm/gloo/sigpipe_guard.h"
+#include "comm/gloo/silent_peers.h"
 #include "comm/host_staging.h"
 #include "comm/recorder_outputs.h"
 #include "flight_recorder/flight_recorder.h"
@@ -265,6 +266,7 @@ class DDP_GLOO_HIDDEN ProcessGroupGloo::Impl {
                                                           group_.size(), timeout);
     });
     internal::init_exit_point("addresses", group_.rank());
+    silent_peers_ = std::make_unique<internal::SilentPeers>(peer_addresses_);
     fingerprints_ = std::make_shared<internal::FingerprintExchange>(store_, prefix + "fp/", group_.rank(),
                                                                    group_.size());
     failures_ = std::make_shared<internal::FailureLedger>(store_, prefix + "first_failure");
@@ -519,6 +521,10 @@ class DDP_GLOO_HIDDEN ProcessGroupGloo::Impl {
     const bool timed_out = internal::classify_gloo_error(what) == internal::GlooFailure::kTimeout;
     // Gloo names a lost peer by its socket address.
     const int peer = timed_out ? -1 : peer_of(what);
+    // Note [Silent peers]: the ranks whose host stopped answering, as this
+    // rank's own connections last saw them (read first: the store may take
+    // its whole budget).
+    const std::string silent = silent_peers_ ? silent_peers_->clause() : std::string();
     const auto diagnosis = diagnose(task, timed_out, peer, !timed_out && ran_for(task) >= kLongStall);
     const std::string unanswered =
         diagnosis ? std::string()
@@ -543,7 +549,7 @@ class DDP_GLOO_HIDDEN ProcessGroupGloo::Impl {
           " ms waiting for a peer (a rank may be stuck, dead, or issuing collectives in a "
           "different order)", missing_clause,
           internal::first_failure_clause(diagnosis ? diagnosis->first : std::nullopt, missing.unseen), unanswered,
-          ". Gloo said: ", what)));
+          silent, ". Gloo said: ", what)));
     } else {
       // The ranks that had not arrived may be why the peer left: as the
       // store says after a long wait (Note [A lost peer that timed out]), or
@@ -560,7 +566,7 @@ class DDP_GLOO_HIDDEN ProcessGroupGloo::Impl {
                    peer >= 0 ? c10::str("rank ", peer) : std::string("a peer"),
                    " (this is rank ", group_.rank(), "); the peer probably exited or crashed", absent,
                    internal::first_failure_clause(diagnosis ? diagnosis->first : std::nullopt, named),
-                   unanswered, ". Gloo said: ", what),
+                   unanswered, silent, ". Gloo said: ", what),
           peer));
     }
     try {
@@ -589,6 +595,10 @@ class DDP_GLOO_HIDDEN ProcessGroupGloo::Impl {
         }
       }
       lock.unlock();
+      // Note [Silent peers]: the connections' view, kept for the error.
+      if (silent_peers_) {
+        silent_peers_->set_stalled(!stalled.empty());
+      }
       for (const auto& fingerprint : stalled) {
         std::optional<std::string> mismatch;
         try {
@@ -627,6 +637,8 @@ class DDP_GLOO_HIDDEN ProcessGroupGloo::Impl {
   // The address of the other end of each pair, and its rank; written by
   // connect, read-only after.
   std::vector<std::pair<std::string, int>> peer_addresses_;
+  // Set by connect; sampled by the monitor (Note [Silent peers]).
+  std::unique_ptr<internal::SilentPeers> silent_peers_;
 
   std::mutex mutex_;
   std::condition_variable queue_cv_;

@@ -92,12 +92,14 @@ TEST(GlooReliability, LostConnectionAmongFourRanksNamesTheRankThatDied) {
 // connection to a survivor that left, and must still name the victim, read
 // from the group's record of its first failure (Note [First failure]).
 // `stop`: the victim stops (SIGSTOP) instead of dying, and the others time
-// out waiting for it. Returns, per survivor, its error message.
+// out waiting for it (5 s: long enough for a connection to count as silent,
+// Note [Silent peers], were the stopped process's host to stop answering).
+// Returns, per survivor, its error message.
 std::vector<std::string> survivors_errors(int world, int victim, bool stop) {
   const auto results = run_processes(
       world,
       [world, victim, stop](int rank, std::shared_ptr<Store> store) -> int {
-        auto pg = make_gloo_group(store, rank, world, stop ? 3s : 20s);
+        auto pg = make_gloo_group(store, rank, world, stop ? 5s : 20s);
         auto warmup = torch::ones({16});
         pg->allreduce(warmup)->wait();
         if (rank == victim) {
@@ -160,6 +162,10 @@ TEST(GlooReliability, EverySurvivorOfEightNamesTheRankThatDiedFirst) {
 TEST(GlooReliability, EverySurvivorOfFourNamesTheRankThatStopped) {
   for (const std::string& error : survivors_errors(4, 1, true)) {
     EXPECT_TRUE(blames(error, 1)) << "does not name rank 1: " << error;
+    // A stopped process's kernel still acknowledges: its host answers, and
+    // no connection counts as silent (Note [Silent peers]; netem_cases shows
+    // the clause where a link is down).
+    EXPECT_EQ(error.find("had gone unanswered"), std::string::npos) << error;
   }
 }
 

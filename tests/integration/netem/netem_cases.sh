@@ -9,8 +9,9 @@
 #               it trains, slower, to the same parameters bit for bit;
 #   link-down   flight_recorder_main looping allreduces (group timeout 5 s);
 #               host B's end of the link is taken down mid-step: every rank
-#               ends with an error that names a rank of the other host, and
-#               both ddpruns end within 60 s.
+#               ends with an error that names a rank of the other host (host
+#               B's ranks from their own silent connections), and both
+#               ddpruns end within 60 s.
 # Usage: netem_cases.sh <ddprun> <mnist_train> <flight_recorder_main> <python3>
 # Prints "netem_cases: N of N checks passed" at the end.
 set -uo pipefail
@@ -110,7 +111,9 @@ for r in 0 1 2 3; do
   host=$([[ $r -lt 2 ]] && echo A || echo B)
   line=$(grep -E "^\[rank $r\]: flight_recorder: rank $r caught: " "$dir/$host.log" | head -1)
   echo "netem_cases: $line"
-  if [[ $host = A ]]; then others='rank(\(s\) \[| )[23]'; else others='rank(\(s\) \[| )[01]'; fi
+  # Host A's ranks learn it from the store (on host A); host B's, cut off
+  # from the store too, from their own connections (Note [Silent peers]).
+  if [[ $host = A ]]; then others='rank(\(s\) \[| )[23]'; else others='connections to rank\(s\) \[[01]'; fi
   check "link-down-rank-$r-names-the-other-host" grep -qE "$others" <<<"$line"
 done
 checks_summary netem_cases
