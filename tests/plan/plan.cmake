@@ -5,6 +5,12 @@
 # 303M parameters as rank 0 of 1024 under FSDP, in one process, without
 # ever holding the model, with the bytes a step of full sharding sends.
 ddp_add_gtest(plan_test SOURCES plan/plan_test.cpp LIBS ddp_testing LABELS unit TIMEOUT 60)
+# The H100 predictions' arithmetic (bench/scaling/predict_gpus.py), each
+# term against its formula, and torchtitan's published figure between the
+# model's bounds.
+ddp_add_output_test(predict_gpus_test EXIT 0 REGEX "^predict_gpus_test: 9 of 9 checks passed$"
+  TIMEOUT 30 LABELS unit
+  COMMAND ${DDP_TEST_PYTHON} ${CMAKE_CURRENT_LIST_DIR}/predict_gpus_test.py ${PROJECT_SOURCE_DIR}/bench/scaling)
 if(DDP_BUILD_EXAMPLES)
   ddp_add_output_test(plan_memory_gpt EXIT 0 REGEX "^check_plan_memory: OK$"
     TIMEOUT 240 LABELS integration
