@@ -16,8 +16,7 @@ namespace {
 
 // Keepalive: first probe after this many seconds of quiet, then one every
 // this many seconds; the kernel gives up on the connection only after
-// kKeepaliveProbes unanswered ones (about 17 minutes, as TCP's own
-// retransmissions would): Gloo's deadline ends the wait first.
+// kKeepaliveProbes unanswered ones (about 17 minutes; Note [Silent peers]).
 constexpr int kKeepaliveIdleS = 1;
 constexpr int kKeepaliveIntervalS = 1;
 constexpr int kKeepaliveProbes = 1000;
@@ -107,20 +106,21 @@ void SilentPeers::sample() {
   std::lock_guard<std::mutex> lock(mutex_);
   silent_ = std::move(silent);
   longest_ = longest;
+  read_at_ = std::chrono::steady_clock::now();
 }
 
 void SilentPeers::relax() {
   for (const auto& [fd, rank] : peer_sockets(peer_addresses_)) {
     set_keepalive(fd, false);
   }
+  // The last reading stays for an error built just after the collective
+  // ended (clause() tells it while it is fresh).
   keepalive_on_ = false;
-  std::lock_guard<std::mutex> lock(mutex_);
-  silent_.clear();
 }
 
 std::string SilentPeers::clause() const {
   std::lock_guard<std::mutex> lock(mutex_);
-  if (silent_.empty()) {
+  if (silent_.empty() || std::chrono::steady_clock::now() - read_at_ > kFresh) {
     return "";
   }
   std::string ranks;

@@ -51,13 +51,18 @@ class SilentPeers {
   // kInterval; once none does, keepalive goes off again.
   void set_stalled(bool stalled);
   // "; this rank's connections to rank(s) [0, 1] had gone unanswered for
-  // up to 3.2 s (...)", from the last reading, or "" when none was silent.
+  // up to 3.2 s (...)", from the last reading if it is fresh (kFresh), or
+  // "" when none was silent.
   std::string clause() const;
 
   // How long nothing is acknowledged, with something outstanding, before a
   // connection counts as silent.
   static constexpr std::chrono::milliseconds kSilence{2000};
   static constexpr std::chrono::milliseconds kInterval{250};
+  // How long a reading is told after it was taken: an error is built
+  // within the store's diagnosis budget (1 s) of the connections closing;
+  // an older reading is of an earlier stall.
+  static constexpr std::chrono::milliseconds kFresh{3000};
 
  private:
   void run();
@@ -74,6 +79,7 @@ class SilentPeers {
   bool keepalive_on_ = false;            // touched by the thread only
   std::vector<int> silent_;              // guarded by mutex_; ranks, ascending
   std::chrono::milliseconds longest_{0}; // guarded by mutex_
+  std::chrono::steady_clock::time_point read_at_{}; // guarded by mutex_; of silent_
   std::thread thread_;
 };
 
