@@ -71,6 +71,7 @@ void TCPStoreServerLoop::run() noexcept {
   // Closing every connection is what tells blocked clients that we are gone.
   connections_.clear();
   watchers_.clear();
+  epoll_.reset();
   listener_.reset();
   {
     std::lock_guard<std::mutex> lock(mutex_);
@@ -86,10 +87,13 @@ void TCPStoreServerLoop::run() noexcept {
 // in user space, which events each connection wants (output to send: out;
 // parked, throttled or refused: only the hang-up; otherwise: in), and tells
 // epoll only when that changed. A closed descriptor leaves the epoll set by
-// itself; events are tagged with the connection's id, which is never reused,
-// so an event of a connection dropped earlier in the same batch finds nothing.
+// itself only when no other process holds a copy of it (a child forked
+// without exec does), so a dropped connection is taken out explicitly.
+// Events are tagged with the connection's id, which is never reused, so an
+// event of a connection dropped earlier in the same batch finds nothing.
 void TCPStoreServerLoop::loop() {
-  Socket epoll(::epoll_create1(EPOLL_CLOEXEC));
+  epoll_ = Socket(::epoll_create1(EPOLL_CLOEXEC));
+  const Socket& epoll = epoll_;
   if (!epoll.valid()) {
     throw IoError("epoll_create1(): " + errno_string(errno));
   }
@@ -215,6 +219,11 @@ void TCPStoreServerLoop::settle() {
     for (auto it = connections_.begin(); it != connections_.end();) {
       if (it->second.closing) {
         drop(it->first, it->second);
+        if (it->second.in_epoll) {
+          // Closing the descriptor would not take it out of the set when a
+          // forked child still holds a copy of it (Note [epoll]).
+          ::epoll_ctl(epoll_.fd(), EPOLL_CTL_DEL, it->second.socket.fd(), nullptr);
+        }
         it = connections_.erase(it);
       } else {
         ++it;

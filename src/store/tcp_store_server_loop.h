@@ -307,6 +307,8 @@ class TCPStoreServerLoop {
   void drop(uint64_t id, Connection& conn);
 
   Socket listener_;
+  // The loop's epoll set (Note [epoll] in tcp_store_server.cpp); made by loop().
+  Socket epoll_;
   Socket wake_read_;
   Socket wake_write_;
   Limits limits_;

@@ -17,6 +17,7 @@
 #include <netinet/in.h>
 #include <poll.h>
 #include <string>
+#include <sys/resource.h>
 #include <sys/socket.h>
 #include <sys/wait.h>
 #include <thread>
@@ -88,6 +89,48 @@ void expect_closed_by_server(const internal::Socket& socket, bool greeted) {
   auto r = internal::recv_all(socket.fd(), &byte, 1, deadline);
   EXPECT_TRUE(r.status == internal::IoStatus::kClosed || r.status == internal::IoStatus::kFailed)
       << "the server kept the connection open: " << internal::describe(r);
+}
+
+// A process that forks without exec gives its child a copy of every
+// descriptor, the server's connections included. A connection the server
+// then drops stays in its epoll set while the child holds the copy, and a
+// client gone away is readable (at end of file) for ever: unless the server
+// takes the connection out of the set itself, it wakes at once every time,
+// spinning a core (Note [epoll] in src/store/tcp_store_server.cpp).
+TEST(TCPStoreTest, AConnectionDroppedWhileAForkedChildHoldsItDoesNotSpinTheServer) {
+  TCPStoreServer server(0);
+  {
+    TCPStore setter("127.0.0.1", client_options(server.port()));
+    setter.set("k", std::vector<uint8_t>{1});
+  }
+  internal::Socket client = raw_connect(server.port());
+  std::this_thread::sleep_for(milliseconds(300)); // accepted by now
+  const pid_t child = ::fork();
+  ASSERT_GE(child, 0);
+  if (child == 0) {
+    // The child keeps the server's end and lets go of the client's, so
+    // that the client's close reaches the server.
+    ::close(client.fd());
+    ::sleep(4);
+    ::_exit(0);
+  }
+  client.reset(); // the server sees the end of file and drops the connection
+  std::this_thread::sleep_for(milliseconds(300));
+  const auto cpu_seconds = [] {
+    rusage usage{};
+    ::getrusage(RUSAGE_SELF, &usage);
+    return usage.ru_utime.tv_sec + usage.ru_stime.tv_sec +
+        (usage.ru_utime.tv_usec + usage.ru_stime.tv_usec) / 1e6;
+  };
+  const double before = cpu_seconds();
+  std::this_thread::sleep_for(milliseconds(1000));
+  const double used = cpu_seconds() - before;
+  ::kill(child, SIGKILL);
+  ::waitpid(child, nullptr, 0);
+  EXPECT_LT(used, 0.3) << "the server used " << used << " s of CPU in 1 s with nothing to do";
+  // And it still serves.
+  TCPStore again("127.0.0.1", client_options(server.port()));
+  EXPECT_EQ(again.get("k"), std::vector<uint8_t>{1});
 }
 
 TEST(TCPStoreTest, PortZeroPicksAFreePort) {
