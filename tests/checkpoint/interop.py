@@ -10,6 +10,7 @@ Usage (under torchrun for more than one rank):
       [--save-torch DIR] [--save-dcp DIR] [--then-steps M --final FILE[,FILE...]]
       [--device cpu|cuda] [--map-location cpu|cuda] [--expect-torch DIR]
   interop.py compare A B TOLERANCE      two torch.save'd state dicts agree
+  interop.py compare-many LISTING       each line "ID<TAB>A<TAB>B<TAB>TOLERANCE" compared so
   interop.py safetensors FILE REF       FILE (safetensors) holds REF's tensors
   interop.py dcp-keys DIR               print the keys of a DCP checkpoint
 """
@@ -193,6 +194,26 @@ def compare(a, b, tolerance):
     return 0 if worst <= tolerance else 1
 
 
+def compare_many(listing):
+    """Each line of LISTING, "ID<TAB>A<TAB>B<TAB>TOLERANCE", compared as `compare` does, all in
+    this one process (each Python start costs PyTorch's import): prints "ID ok ..." or
+    "ID FAILED ..." per line."""
+    for line in open(listing):
+        ident, a, b, tolerance = line.rstrip("\n").split("\t")
+        try:
+            x = torch.load(a, map_location="cpu", weights_only=True)
+            y = torch.load(b, map_location="cpu", weights_only=True)
+            if sorted(x) != sorted(y):
+                print("%s FAILED %s against %s: keys differ: %s against %s" % (ident, a, b, sorted(x), sorted(y)))
+                continue
+            worst = max((x[k].double() - y[k].double()).abs().max().item() for k in x)
+            verdict = "ok" if worst <= float(tolerance) else "FAILED"
+            print("%s %s %s against %s: largest difference %.3g (tolerance %s)" % (ident, verdict, a, b, worst, tolerance))
+        except Exception as e:  # a file missing or unreadable: that comparison fails, the others go on
+            print("%s FAILED %s against %s: %s" % (ident, a, b, e))
+    return 0
+
+
 def safetensors_check(path, ref):
     expected = torch.load(ref, map_location="cpu", weights_only=True)
     try:
@@ -228,6 +249,8 @@ def safetensors_check(path, ref):
 def main():
     if sys.argv[1] == "compare":
         return compare(sys.argv[2], sys.argv[3], float(sys.argv[4]))
+    if sys.argv[1] == "compare-many":
+        return compare_many(sys.argv[2])
     if sys.argv[1] == "safetensors":
         return safetensors_check(sys.argv[2], sys.argv[3])
     if sys.argv[1] == "dcp-keys":

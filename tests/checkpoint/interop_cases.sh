@@ -35,6 +35,45 @@ version=$("$python" -c 'import torch; print(torch.__version__)')
 echo "PyTorch $version ($python)"
 
 . "$here/cases_lib.sh"
+
+# Each comparison would be a Python start of its own (about 2 s for PyTorch
+# 2.11's import, some 40 of them): the checks that compare run their
+# command now and record their comparisons (this `agree` replaces
+# cases_lib.sh's), and one Python process makes them all at the end
+# (interop.py compare-many). Such a check passes when its command succeeded
+# and every comparison it recorded agreed; it is reported at the end.
+later=()
+agree() {
+  printf '%s\t%s\t%s\t%s\n' "$current" "$1" "$2" "${3:-1e-6}" >>"$work/compare.list"
+}
+# check_later DESCRIPTION COMMAND [ARGS...]
+check_later() {
+  current=${#later[@]}
+  later+=("$1")
+  shift
+  if "$@"; then echo 0 >"$work/status.$current"; else echo 1 >"$work/status.$current"; fi
+}
+# Whether deferred check $1 passed: its command succeeded, it recorded a
+# comparison, and each one it recorded agreed. Shows its comparisons when
+# it did not.
+verdict() {
+  local recorded agreed
+  recorded=$(grep -c "^$1	" "$work/compare.list")
+  agreed=$(grep -c "^$1 ok " "$work/verdicts")
+  if [ "$(cat "$work/status.$1")" = 0 ] && [ "$recorded" -gt 0 ] && [ "$agreed" -eq "$recorded" ]; then
+    return 0
+  fi
+  grep "^$1 " "$work/verdicts" | sed 's/^[0-9]* /  /'
+  return 1
+}
+finish_later() {
+  touch "$work/compare.list"
+  "$python" "$interop" compare-many "$work/compare.list" >"$work/verdicts" 2>&1
+  local i
+  for i in "${!later[@]}"; do
+    check "${later[$i]}" verdict "$i"
+  done
+}
 # py N ARGS: PyTorch's side on N ranks (0: alone).
 py() {
   local n=$1
@@ -77,9 +116,9 @@ cpp_loads() {
 # ---- torch.save format ------------------------------------------------------------
 for optim in adam adamw sgd rmsprop adagrad; do
   mkdir -p "$work/torch-$optim"
-  check "$optim, torch.save format: ddp saves, PyTorch loads, the next steps agree" \
+  check_later "$optim, torch.save format: ddp saves, PyTorch loads, the next steps agree" \
     torch_cpp_to_py "$optim" "$work/torch-$optim"
-  check "$optim, torch.save format: PyTorch saves, ddp loads, the next steps agree" \
+  check_later "$optim, torch.save format: PyTorch saves, ddp loads, the next steps agree" \
     torch_py_to_cpp "$optim" "$work/torch-$optim"
 done
 
@@ -89,7 +128,7 @@ for parallel in ddp zero fsdp; do
   check "$parallel at 2 ranks saves a torch.save checkpoint, a DCP directory and safetensors" \
     cpp 2 --parallel $parallel --steps 3 --save-torch "$d/torch" --save-dcp "$d/dcp" \
       --save-safetensors "$d/model.safetensors" --then-steps 1 --final "$d/final.pt"
-  check "$parallel: PyTorch loads the torch.save checkpoint alone, the next step agrees" py_loads plain 0 "$d" torch
+  check_later "$parallel: PyTorch loads the torch.save checkpoint alone, the next step agrees" py_loads plain 0 "$d" torch
   check "$parallel: the safetensors file holds the state dict's tensors, bit for bit" \
     quietly "$python" "$interop" safetensors "$d/model.safetensors" "$d/torch/model.pt"
 done
@@ -97,7 +136,7 @@ d=$work/from-python
 mkdir -p "$d"
 check "PyTorch saves in torch.save format (Adam)" py 0 --steps 3 --save-torch "$d/torch" --then-steps 1 --final "$d/final.pt"
 for parallel in ddp fsdp; do
-  check "$parallel at 2 ranks loads PyTorch's torch.save checkpoint, the next step agrees" cpp_loads $parallel 2 "$d" torch
+  check_later "$parallel at 2 ranks loads PyTorch's torch.save checkpoint, the next step agrees" cpp_loads $parallel 2 "$d" torch
 done
 
 # ---- torch.distributed.checkpoint ------------------------------------------------------
@@ -106,12 +145,13 @@ if ! "$python" -c 'import torch.distributed.checkpoint.state_dict' >/dev/null 2>
   echo "the DCP cases run in the LibTorch 2.11 configuration (scripts/compat.sh), with PyTorch 2.11"
   check "PyTorch $version has no torch.distributed.checkpoint.state_dict (the reason)" \
     bash -c "! '$python' -c 'import torch.distributed.checkpoint.state_dict' >/dev/null 2>&1"
+  finish_later
   checks_summary checkpoint_interop
   exit $?
 fi
 for parallel in ddp zero fsdp; do
   d=$work/$parallel
-  check "$parallel's DCP: PyTorch loads it alone, bit for bit, the next step agrees" py_loads plain 0 "$d" dcp bitwise
+  check_later "$parallel's DCP: PyTorch loads it alone, bit for bit, the next step agrees" py_loads plain 0 "$d" dcp bitwise
 done
 # PyTorch's $1 on $2 ranks loads each of ddp's three DCP saves in turn, in
 # one launch (a launch of PyTorch 2.11 costs more than the run), and ends
@@ -129,7 +169,7 @@ for into in fsdp2 ddp; do
     py_loads_each $into $n # a failure shows as its log, and in the checks: no file to compare
     for parallel in ddp zero fsdp; do
       d=$work/$parallel
-      check "$parallel's DCP (2 ranks) into PyTorch's $into at $n ranks: the next step agrees" \
+      check_later "$parallel's DCP (2 ranks) into PyTorch's $into at $n ranks: the next step agrees" \
         agree "$d/py-$into-$n-dcp.pt" "$d/final.pt"
     done
   done
@@ -138,6 +178,7 @@ d=$work/fsdp2
 mkdir -p "$d"
 check "PyTorch's FSDP2 at 2 ranks saves DCP (and the same state in torch.save format)" \
   py 2 --parallel fsdp2 --steps 3 --save-dcp "$d/dcp" --save-torch "$d/torch" --then-steps 1 --final "$d/final.pt"
-check "PyTorch's FSDP2 DCP into ddp's FSDP at 3 ranks: bit for bit, the next step agrees" cpp_loads fsdp 3 "$d" dcp bitwise
-check "PyTorch's FSDP2 DCP into ddp's ZeRO at 1 rank: bit for bit, the next step agrees" cpp_loads zero 1 "$d" dcp bitwise
+check_later "PyTorch's FSDP2 DCP into ddp's FSDP at 3 ranks: bit for bit, the next step agrees" cpp_loads fsdp 3 "$d" dcp bitwise
+check_later "PyTorch's FSDP2 DCP into ddp's ZeRO at 1 rank: bit for bit, the next step agrees" cpp_loads zero 1 "$d" dcp bitwise
+finish_later
 checks_summary checkpoint_interop
