@@ -10,5 +10,6 @@ ddp_add_part(ddp_stores
   src/store/tcp_store.cpp
   src/store/tcp_store_protocol.cpp
   src/store/tcp_store_server.cpp
+  src/store/tcp_store_server_epoll.cpp
   src/store/tcp_store_budget.cpp
   src/store/torch_tcp_store.cpp)

@@ -1,9 +1,10 @@
 #pragma once
 
 // The TCPStore server's state (private header): TCPStoreServerLoop, the
-// connections it serves and the helpers they hold. Only the two files that
-// define its members include it: tcp_store_server.cpp (the loop; its
-// narrative is the "How it works" at the top of tcp_store.cpp) and
+// connections it serves and the helpers they hold. Only the three files
+// that define its members include it: tcp_store_server.cpp (the loop; its
+// narrative is the "How it works" at the top of tcp_store.cpp),
+// tcp_store_server_epoll.cpp (the loop's wait for its sockets) and
 // tcp_store_budget.cpp (the buffer budget, under "Bounds").
 
 #include <ddp/comm/error.h>
@@ -106,7 +107,8 @@ class WarningLimiter {
 // touches the map, the connections and the budget; the worker count is
 // shared with the TCPStoreServer methods under `mutex_`, and the budget's
 // figures are published in atomics. Its members are defined in
-// tcp_store_server.cpp (the loop, the requests, the parked waiters) and
+// tcp_store_server_epoll.cpp (the loop's wait), tcp_store_server.cpp (the
+// rest of the loop, the requests, the parked waiters) and
 // tcp_store_budget.cpp (the budget and its throttled queue: see "Bounds"
 // there).
 //
@@ -194,6 +196,13 @@ class TCPStoreServerLoop {
     size_t unseen = 0;
   };
 
+  // A descriptor's registration in the loop's epoll set (Note [epoll] in
+  // tcp_store_server_epoll.cpp): whether it is in, and for which events.
+  struct EpollEntry {
+    bool added = false;
+    uint32_t events = 0;
+  };
+
   // What a throttled connection waits for room for.
   enum class Throttle {
     kNone,
@@ -234,9 +243,7 @@ class TCPStoreServerLoop {
     bool close_after_output = false;
     // Set when the connection is to be dropped at the end of the iteration.
     bool closing = false;
-    // Its descriptor's registration in the loop's epoll set (Note [epoll]).
-    bool in_epoll = false;
-    uint32_t epoll_events = 0;
+    EpollEntry epoll;
 
     bool output_pending() const {
       return !out.empty();
@@ -248,6 +255,10 @@ class TCPStoreServerLoop {
   };
 
   void loop();
+  // Puts `fd` in the epoll set for `events`, tagged `tag`, or changes its
+  // events, when they differ from `entry`'s; unwatch takes it out.
+  void watch(int fd, uint32_t events, uint64_t tag, EpollEntry& entry);
+  void unwatch(int fd, EpollEntry& entry);
   // Handles the connections woken by the last steps, closes those marked
   // closing, and retries throttled ones once memory has been released, until
   // nothing is left to do before the next epoll wait.
@@ -307,7 +318,7 @@ class TCPStoreServerLoop {
   void drop(uint64_t id, Connection& conn);
 
   Socket listener_;
-  // The loop's epoll set (Note [epoll] in tcp_store_server.cpp); made by loop().
+  // The loop's epoll set (Note [epoll] in tcp_store_server_epoll.cpp); made by loop().
   Socket epoll_;
   Socket wake_read_;
   Socket wake_write_;

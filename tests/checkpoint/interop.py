@@ -183,15 +183,20 @@ def run_one(args, load_dcp, final, rank, world, device, mesh):
             torch.save({k: v.cpu() for k, v in full.items()}, final)
 
 
-def compare(a, b, tolerance):
+def difference(a, b, tolerance):
+    """(whether two torch.save'd state dicts agree within `tolerance`, what was found)."""
     x = torch.load(a, map_location="cpu", weights_only=True)
     y = torch.load(b, map_location="cpu", weights_only=True)
     if sorted(x) != sorted(y):
-        print("keys differ: %s against %s" % (sorted(x), sorted(y)))
-        return 1
+        return False, "keys differ: %s against %s" % (sorted(x), sorted(y))
     worst = max((x[k].double() - y[k].double()).abs().max().item() for k in x)
-    print("largest difference: %.3g (tolerance %g)" % (worst, tolerance))
-    return 0 if worst <= tolerance else 1
+    return worst <= tolerance, "largest difference: %.3g (tolerance %g)" % (worst, tolerance)
+
+
+def compare(a, b, tolerance):
+    agreed, found = difference(a, b, tolerance)
+    print(found)
+    return 0 if agreed else 1
 
 
 def compare_many(listing):
@@ -201,14 +206,8 @@ def compare_many(listing):
     for line in open(listing):
         ident, a, b, tolerance = line.rstrip("\n").split("\t")
         try:
-            x = torch.load(a, map_location="cpu", weights_only=True)
-            y = torch.load(b, map_location="cpu", weights_only=True)
-            if sorted(x) != sorted(y):
-                print("%s FAILED %s against %s: keys differ: %s against %s" % (ident, a, b, sorted(x), sorted(y)))
-                continue
-            worst = max((x[k].double() - y[k].double()).abs().max().item() for k in x)
-            verdict = "ok" if worst <= float(tolerance) else "FAILED"
-            print("%s %s %s against %s: largest difference %.3g (tolerance %s)" % (ident, verdict, a, b, worst, tolerance))
+            agreed, found = difference(a, b, float(tolerance))
+            print("%s %s %s against %s: %s" % (ident, "ok" if agreed else "FAILED", a, b, found))
         except Exception as e:  # a file missing or unreadable: that comparison fails, the others go on
             print("%s FAILED %s against %s: %s" % (ident, a, b, e))
     return 0

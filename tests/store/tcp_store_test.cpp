@@ -96,7 +96,7 @@ void expect_closed_by_server(const internal::Socket& socket, bool greeted) {
 // then drops stays in its epoll set while the child holds the copy, and a
 // client gone away is readable (at end of file) for ever: unless the server
 // takes the connection out of the set itself, it wakes at once every time,
-// spinning a core (Note [epoll] in src/store/tcp_store_server.cpp).
+// spinning a core (Note [epoll] in src/store/tcp_store_server_epoll.cpp).
 TEST(TCPStoreTest, AConnectionDroppedWhileAForkedChildHoldsItDoesNotSpinTheServer) {
   TCPStoreServer server(0);
   {

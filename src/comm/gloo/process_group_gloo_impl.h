@@ -524,7 +524,7 @@ class DDP_GLOO_HIDDEN ProcessGroupGloo::Impl {
     // Note [Silent peers]: the ranks whose host stopped answering, as this
     // rank's own connections last saw them (read first: the store may take
     // its whole budget).
-    const std::string silent = silent_peers_ ? silent_peers_->clause() : std::string();
+    const std::string silent = silent_peers_->clause();
     const auto diagnosis = diagnose(task, timed_out, peer, !timed_out && ran_for(task) >= kLongStall);
     const std::string unanswered =
         diagnosis ? std::string()
@@ -596,9 +596,7 @@ class DDP_GLOO_HIDDEN ProcessGroupGloo::Impl {
       }
       lock.unlock();
       // Note [Silent peers]: the connections' view, kept for the error.
-      if (silent_peers_) {
-        silent_peers_->set_stalled(!stalled.empty());
-      }
+      silent_peers_->set_stalled(!stalled.empty());
       for (const auto& fingerprint : stalled) {
         std::optional<std::string> mismatch;
         try {
@@ -637,7 +635,8 @@ class DDP_GLOO_HIDDEN ProcessGroupGloo::Impl {
   // The address of the other end of each pair, and its rank; written by
   // connect, read-only after.
   std::vector<std::pair<std::string, int>> peer_addresses_;
-  // Set by connect; sampled by the monitor (Note [Silent peers]).
+  // Set by connect, before the monitor starts; told by the monitor when a
+  // collective stalls (Note [Silent peers]).
   std::unique_ptr<internal::SilentPeers> silent_peers_;
 
   std::mutex mutex_;

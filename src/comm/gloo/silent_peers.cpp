@@ -52,14 +52,26 @@ SilentPeers::~SilentPeers() {
 }
 
 void SilentPeers::set_stalled(bool stalled) {
-  std::lock_guard<std::mutex> lock(mutex_);
-  stalled_ = stalled;
+  {
+    std::lock_guard<std::mutex> lock(mutex_);
+    if (stalled_ == stalled) {
+      return;
+    }
+    stalled_ = stalled;
+  }
+  wake_.notify_all();
 }
 
 void SilentPeers::run() {
   std::unique_lock<std::mutex> lock(mutex_);
   while (!stop_) {
-    wake_.wait_for(lock, kInterval);
+    if (stalled_) {
+      wake_.wait_for(lock, kInterval);
+    } else if (!keepalive_on_) {
+      // Idle until a collective stalls: no wake-ups on a healthy group.
+      wake_.wait(lock, [&] { return stop_ || stalled_; });
+    } // else: the stall ended while sampling; keepalive goes off now
+
     if (stop_) {
       break;
     }
@@ -123,11 +135,8 @@ std::string SilentPeers::clause() const {
   if (silent_.empty() || std::chrono::steady_clock::now() - read_at_ > kFresh) {
     return "";
   }
-  std::string ranks;
-  for (size_t i = 0; i < silent_.size(); ++i) {
-    ranks += (i == 0 ? "" : ", ") + std::to_string(silent_[i]);
-  }
-  return c10::str("; this rank's connections to rank(s) [", ranks, "] had gone unanswered for up to ",
+  return c10::str("; this rank's connections to rank(s) [", c10::Join(", ", silent_),
+                  "] had gone unanswered for up to ",
                   (longest_.count() + 50) / 100 / 10.0,
                   " s (keepalive probes or data not acknowledged by their host: the network to them may be "
                   "down)");
