@@ -24,14 +24,11 @@ if(NOT DDP_HAVE_LIBFUZZER)
 endif()
 
 set(DDP_FUZZ_SANITIZERS -fsanitize=fuzzer,address,undefined)
+# The TCPStore's own files come from src/store/store.cmake's list.
+list(TRANSFORM DDP_TCP_STORE_SOURCES PREPEND "${PROJECT_SOURCE_DIR}/" OUTPUT_VARIABLE DDP_FUZZ_STORE_SOURCES)
 add_executable(tcp_store_protocol_fuzz
   ${PROJECT_SOURCE_DIR}/tests/store/fuzz/tcp_store_protocol_fuzz.cpp
-  ${PROJECT_SOURCE_DIR}/src/store/tcp_store.cpp
-  ${PROJECT_SOURCE_DIR}/src/store/tcp_store_protocol.cpp
-  ${PROJECT_SOURCE_DIR}/src/store/tcp_store_server.cpp
-  ${PROJECT_SOURCE_DIR}/src/store/tcp_store_budget.cpp
-  ${PROJECT_SOURCE_DIR}/src/store/socket.cpp
-  ${PROJECT_SOURCE_DIR}/src/store/store.cpp
+  ${DDP_FUZZ_STORE_SOURCES}
   ${PROJECT_SOURCE_DIR}/src/internal/internal.cpp)
 target_include_directories(tcp_store_protocol_fuzz PRIVATE
   ${PROJECT_SOURCE_DIR}/include ${PROJECT_SOURCE_DIR}/src ${TORCH_INCLUDE_DIRS})
