@@ -66,10 +66,11 @@ def collect(procs, timeout, what):
     return output
 
 
-def fake_run(build, hosts, per_host, strategy, out):
-    """Compute per step (mean over the ranks, all running at once) and rank 0's plan report."""
+def fake_run(build, hosts, per_host, strategy, out, link=None):
+    """Compute per step (mean over the ranks, all running at once) and rank 0's plan report.
+    With `link` (DDP_FAKE_LINK's value), the step time on that simulated link instead."""
     world = hosts * per_host
-    folder = os.path.join(out, f"fake_{strategy}_{hosts}x{per_host}")
+    folder = os.path.join(out, f"fake_{strategy}_{hosts}x{per_host}" + ("_link" if link else ""))
     shutil.rmtree(folder, ignore_errors=True)
     os.makedirs(folder)
     procs = []
@@ -78,6 +79,8 @@ def fake_run(build, hosts, per_host, strategy, out):
         env.update(DDP_BACKEND="fake", RANK=str(rank), WORLD_SIZE=str(world), LOCAL_RANK=str(rank % per_host),
                    LOCAL_WORLD_SIZE=str(per_host), GROUP_RANK=str(rank // per_host), DDP_PLAN_REPORT=folder,
                    OMP_NUM_THREADS="1")
+        if link:
+            env["DDP_FAKE_LINK"] = link
         procs.append(subprocess.Popen([f"{build}/examples/gpt_train"] + MODEL + STRATEGIES[strategy], env=env,
                                       stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True))
     output = collect(procs, 600, f"the fake run of {strategy} on {hosts}x{per_host}")
@@ -132,6 +135,9 @@ def main():
     parser.add_argument("--build", default="build")
     parser.add_argument("--out", default="/tmp/ddp_scaling_validate")
     parser.add_argument("--quick", action="store_true", help="2 hosts x 1 rank, 1 Gbit/s, both latencies")
+    parser.add_argument("--emulate", action="store_true",
+                        help="also run each job's fake run on a simulated link (DDP_FAKE_LINK, the probed figures): "
+                        "the step time it gives is the emulated prediction, overlap included")
     parser.add_argument("--measured", help="a results.json of an earlier run: take its real jobs' step times and "
                         "its probes instead of running them again (the fake runs and the model run anew)")
     args = parser.parse_args()
@@ -176,12 +182,19 @@ def main():
                         measured = earlier[(hosts, per_host, mbit, latency_us, strategy)]["measured_ms"] / 1e3
                     else:
                         measured = real_run(build, hosts, per_host, strategy, port, args.out)
+                    emulated = None
+                    if args.emulate:
+                        link = (f"gbit={bandwidth * 8 / 1e9:.4f},latency_us={latency * 1e6:.1f},per_host={per_host},"
+                                f"cpu_ns_link={ns_link:.3f},cpu_ns_loopback={ns_loopback:.3f}")
+                        emulated = fake_run(build, hosts, per_host, strategy, args.out, link)[0]
                     row = dict(hosts=hosts, per_host=per_host, mbit=mbit, latency_us=latency_us, strategy=strategy,
                                probe_mbit=bandwidth * 8 / 1e6, probe_latency_us=latency * 1e6,
                                cpu_ns_per_byte_link=ns_link, cpu_ns_per_byte_loopback=ns_loopback,
                                compute_ms=compute * 1e3, comm_ms=comm * 1e3, predicted_ms=predicted * 1e3,
                                nominal_ms=nominal * 1e3, measured_ms=measured * 1e3,
                                error=predicted / measured - 1)
+                    if emulated is not None:
+                        row.update(emulated_ms=emulated * 1e3, emulated_error=emulated / measured - 1)
                     rows.append(row)
                     print("validate: " + json.dumps(row), flush=True)
                 if not args.measured:
@@ -190,15 +203,22 @@ def main():
         if not args.measured:
             cluster("down")
     print()
-    print("| hosts x ranks | link | probed | strategy | compute ms | predicted ms | measured ms | error |")
-    print("|---|---|---|---|---|---|---|---|")
+    extra = " emulated ms | error |" if args.emulate else ""
+    print("| hosts x ranks | link | probed | strategy | compute ms | predicted ms | measured ms | error |" + extra)
+    print("|---|---|---|---|---|---|---|---|" + ("---|---|" if args.emulate else ""))
     for r in rows:
+        emulated = f" {r['emulated_ms']:.0f} | {r['emulated_error']:+.1%} |" if args.emulate else ""
         print(f"| {r['hosts']} x {r['per_host']} | {r['mbit'] / 1000:g} Gbit/s, {r['latency_us'] / 1000:g} ms "
               f"| {r['probe_mbit']:.0f} Mbit/s, {r['probe_latency_us']:.0f} us | {r['strategy']} "
-              f"| {r['compute_ms']:.0f} | {r['predicted_ms']:.0f} | {r['measured_ms']:.0f} | {r['error']:+.1%} |")
+              f"| {r['compute_ms']:.0f} | {r['predicted_ms']:.0f} | {r['measured_ms']:.0f} | {r['error']:+.1%} |"
+              + emulated)
     worst = max(abs(r["error"]) for r in rows)
     print(f"\nvalidate: {len(rows)} jobs, worst error {worst:.1%}, "
           f"{sum(abs(r['error']) <= 0.2 for r in rows)} within 20%")
+    if args.emulate:
+        emulated = [r["emulated_error"] for r in rows]
+        print(f"validate: emulated (DDP_FAKE_LINK): worst error {max(abs(e) for e in emulated):.1%}, "
+              f"{sum(abs(e) <= 0.2 for e in emulated)} within 20%")
     json.dump(rows, open(os.path.join(args.out, "results.json"), "w"), indent=1)
 
 

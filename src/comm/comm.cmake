@@ -30,7 +30,8 @@ ddp_add_part(ddp_comm
   src/comm/rendezvous_arrival.cpp
   src/comm/slurm_env.cpp
   src/comm/subgroups.cpp
-  src/comm/fake/process_group_fake.cpp)
+  src/comm/fake/process_group_fake.cpp
+  src/comm/fake/fake_link.cpp)
 
 # The backends' parts reuse this precompiled <ATen/ATen.h> (set in their
 # files): compiling one costs ~22 s of CPU, and the README's first command

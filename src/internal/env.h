@@ -125,6 +125,12 @@ inline constexpr EnvVar kEnvPlanReport{"DDP_PLAN_REPORT", nullptr,
     "the bytes it would have sent before the first step and in each step) at "
     "destroy_process_group() and at exit. `ddprun --plan` sets it (docs/scaling.md). Unset or "
     "empty: no report."};
+inline constexpr EnvVar kEnvFakeLink{"DDP_FAKE_LINK", nullptr,
+    "With the fake backend: a simulated link, e.g. gbit=1,latency_us=100,per_host=2 (and "
+    "cpu_ns_link, cpu_ns_loopback): each operation completes after the time the cost model "
+    "prices it at instead of at once, so that a step's time includes its communication and "
+    "what overlaps it (Note [A simulated link], docs/scaling.md). Unset or empty: operations "
+    "complete at once."};
 inline constexpr EnvVar kEnvNcclCollectiveCheck{"DDP_NCCL_COLLECTIVE_CHECK", "auto",
     "The NCCL backend's collective fingerprint check (Note [NCCL fingerprint check]): auto (with "
     "two ranks or more), on (with one rank too: what measures its cost on one GPU), off (never; "

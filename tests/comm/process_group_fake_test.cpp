@@ -8,7 +8,11 @@
 
 #include <stdlib.h>
 
+#include <chrono>
+
 #include <ddp/ddp.h>
+
+#include "comm/fake/fake_link.h"
 
 namespace ddp {
 namespace {
@@ -294,6 +298,100 @@ TEST(FakeProcessGroup, InitProcessGroupFromTheEnvironment) {
     EXPECT_NE(message.find("RANK and WORLD_SIZE"), std::string::npos) << message;
   }
   EXPECT_FALSE(is_initialized());
+}
+
+// Note [A simulated link]: an operation's cost is the cost model's
+// (bench/scaling/cost_model.py gives the same figures: 0.35709 s and a
+// machine-wide 0.46683 s of CPU over 2 cores for this allreduce).
+TEST(FakeLink, PricesOperationsAsTheCostModelDoes) {
+  internal::FakeLink link;
+  link.bandwidth = 0.995e9 / 8;
+  link.latency = 214e-6;
+  link.per_host = 2;
+  link.cpu_ns_link = 4.0;
+  link.cpu_ns_loopback = 1.3;
+  const int64_t n = 25165824;
+  const std::vector<int> world{0, 1, 2, 3, 4, 5, 6, 7};
+  const auto ring = internal::fake_call_cost(link, "allreduce", 2 * 7 * n / 8, n, world, 8);
+  EXPECT_NEAR(ring.network_s, 0.35709, 1e-4);
+  EXPECT_NEAR(ring.cpu_s, 0.46683 * 2 / 8, 1e-4); // this rank's share
+  // Within one host: nothing.
+  const auto local = internal::fake_call_cost(link, "allreduce", n, n, {2, 3}, 8);
+  EXPECT_EQ(local.network_s, 0);
+  EXPECT_EQ(local.cpu_s, 0);
+  // A small allreduce is Gloo's exchange: one latency and every rank's
+  // buffer to every other host's ranks.
+  const auto small = internal::fake_call_cost(link, "allreduce", 2 * 7 * 4096 / 8, 4096, world, 8);
+  EXPECT_NEAR(small.network_s, 214e-6 + 2.0 * 6 * 4096 / link.bandwidth, 1e-9);
+  // HSDP's replicate groups (one rank per host, two such groups per host)
+  // share the host's link.
+  const auto replicate = internal::fake_call_cost(link, "allreduce", 3 * n / 2, n, {0, 2, 4, 6}, 8);
+  EXPECT_NEAR(replicate.network_s, 6 * 214e-6 + 2 * (3.0 * n / 2) / link.bandwidth, 1e-9);
+}
+
+TEST(FakeLink, ReadsItsSettingsAndNamesAWrongOne) {
+  ::setenv("DDP_FAKE_LINK", "gbit=10,latency_us=1000,per_host=4,cpu_ns_link=2.5", 1);
+  auto link = internal::fake_link_from_env();
+  ASSERT_TRUE(link.has_value());
+  EXPECT_DOUBLE_EQ(link->bandwidth, 10e9 / 8);
+  EXPECT_DOUBLE_EQ(link->latency, 1e-3);
+  EXPECT_EQ(link->per_host, 4);
+  EXPECT_DOUBLE_EQ(link->cpu_ns_link, 2.5);
+  EXPECT_DOUBLE_EQ(link->cpu_ns_loopback, 0);
+  for (const auto& [value, expected] : std::vector<std::pair<std::string, std::string>>{
+           {"gbit=fast,latency_us=1", "gbit takes a number >= 0 (got 'fast')"},
+           {"gbit=1", "gbit and latency_us are required"},
+           {"gbit=1,latency_us=1,speed=2", "unknown key 'speed'"},
+           {"gbit=1,latency_us=1,per_host=1.5", "per_host takes a whole number >= 1"},
+           {"gbit=1;latency_us=1", "gbit takes a number >= 0 (got '1;latency_us=1')"},
+           {"gbit=1,latency", "'latency' is not key=value"}}) {
+    ::setenv("DDP_FAKE_LINK", value.c_str(), 1);
+    try {
+      internal::fake_link_from_env();
+      ADD_FAILURE() << "accepted DDP_FAKE_LINK=" << value;
+    } catch (const c10::Error& e) {
+      const std::string message = e.what_without_backtrace();
+      EXPECT_NE(message.find("DDP_FAKE_LINK"), std::string::npos) << message;
+      EXPECT_NE(message.find(expected), std::string::npos) << message;
+    }
+  }
+  ::unsetenv("DDP_FAKE_LINK");
+  EXPECT_FALSE(internal::fake_link_from_env().has_value());
+}
+
+// With DDP_FAKE_LINK, an operation completes after its simulated time, in
+// issue order, its outputs those of the fake; callbacks run then.
+TEST(FakeLink, OperationsCompleteAfterTheirTimeInIssueOrder) {
+  ::setenv("DDP_FAKE_LINK", "gbit=0.008,latency_us=0,per_host=1", 1); // 1 MB/s
+  ::setenv("WORLD_SIZE", "2", 1);
+  auto group = FakeProcessGroup::create(0, 2);
+  ::unsetenv("DDP_FAKE_LINK");
+  ::unsetenv("WORLD_SIZE");
+  auto first = torch::ones({50000}); // 200 kB: a ring allreduce sends them all, 0.2 s
+  auto second = torch::ones({25000}); // 0.1 s more
+  const auto start = std::chrono::steady_clock::now();
+  auto a = group->allreduce(first);
+  auto b = group->allreduce(second);
+  bool called = false;
+  auto c = b->then([&](const std::vector<at::Tensor>& result) {
+    called = true;
+    return result;
+  });
+  EXPECT_FALSE(b->is_completed());
+  a->wait();
+  const double first_s = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+  EXPECT_GE(first_s, 0.19);
+  EXPECT_TRUE(first.equal(torch::full({50000}, 2.0f)));
+  c->wait();
+  const double both_s = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+  EXPECT_GE(both_s, 0.29);
+  EXPECT_LT(both_s, 5.0);
+  EXPECT_TRUE(called);
+  EXPECT_TRUE(b->result()[0].equal(torch::full({25000}, 2.0f)));
+  // A group destroyed with operations queued completes them at once.
+  auto last = group->allreduce(torch::ones({1000000})); // 4 s
+  group.reset();
+  EXPECT_TRUE(last->is_completed());
 }
 
 } // namespace

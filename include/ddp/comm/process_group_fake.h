@@ -16,6 +16,11 @@
 
 namespace ddp {
 
+namespace internal {
+struct FakeLink;
+class FakeWire;
+} // namespace internal
+
 /// What the collectives of one kind ("allreduce", "allgather", ...) issued
 /// on a `FakeProcessGroup` would have cost this rank.
 struct FakeTraffic {
@@ -66,6 +71,7 @@ class FakeProcessGroup : public ProcessGroup {
                                                   std::chrono::milliseconds timeout = kDefaultTimeout);
 
   FakeProcessGroup(int rank, int size, std::chrono::milliseconds timeout);
+  ~FakeProcessGroup() override;
 
   std::string backend_name() const override {
     return "fake";
@@ -109,6 +115,10 @@ class FakeProcessGroup : public ProcessGroup {
   mutable std::mutex mutex_;
   std::map<std::string, FakeTraffic> traffic_; // guarded by mutex_
   std::vector<int> global_ranks_;              // guarded by mutex_; found at the first operation
+  // DDP_FAKE_LINK: operations complete after their simulated time, on
+  // wire_'s thread (Note [A simulated link]); null when unset.
+  std::unique_ptr<internal::FakeLink> link_;
+  std::unique_ptr<internal::FakeWire> wire_;
 };
 
 } // namespace ddp

@@ -7,6 +7,8 @@
 
 #include <ATen/ATen.h>
 
+#include <algorithm>
+#include <cstdlib>
 #include <numeric>
 #include <utility>
 
@@ -14,8 +16,10 @@
 #include "comm/collective_checks.h"
 #include "comm/contiguous_arguments.h"
 #include "comm/default_group.h"
+#include "comm/fake/fake_link.h"
 #include "comm/reduce_kernels.h"
 #include "internal/check.h"
+#include "internal/env.h"
 #include "plan/plan_recorder.h"
 
 namespace ddp {
@@ -83,7 +87,14 @@ std::shared_ptr<FakeProcessGroup> FakeProcessGroup::create(int rank, int size, s
 }
 
 FakeProcessGroup::FakeProcessGroup(int rank, int size, std::chrono::milliseconds timeout)
-    : ProcessGroup(rank, size, timeout) {} // which checks the rank and size
+    : ProcessGroup(rank, size, timeout) { // which checks the rank and size
+  if (auto link = internal::fake_link_from_env()) {
+    link_ = std::make_unique<internal::FakeLink>(*link);
+    wire_ = std::make_unique<internal::FakeWire>();
+  }
+}
+
+FakeProcessGroup::~FakeProcessGroup() = default;
 
 std::shared_ptr<Work> FakeProcessGroup::done(const char* op, int64_t bytes_sent, int64_t tensor_bytes,
                                              std::vector<at::Tensor> result) {
@@ -106,7 +117,16 @@ std::shared_ptr<Work> FakeProcessGroup::done(const char* op, int64_t bytes_sent,
   }
   // Note [Plan report]
   internal::plan_count_sent(op, size() > 1 ? bytes_sent : 0, tensor_bytes, this, members);
-  return Work::completed(std::move(result));
+  if (wire_ == nullptr) {
+    return Work::completed(std::move(result));
+  }
+  // Note [A simulated link]: the world is the default group's, of which
+  // `members` are ranks.
+  const auto env_world = internal::env_get(internal::kEnvWorldSize);
+  const int world = env_world ? std::max(size(), std::atoi(env_world->c_str())) : size();
+  auto work = Work::create(rank_prefix() + " " + op, timeout());
+  wire_->submit(work, std::move(result), internal::fake_call_cost(*link_, op, bytes_sent, tensor_bytes, members, world));
+  return work;
 }
 
 std::shared_ptr<Work> FakeProcessGroup::allreduce(const at::Tensor& tensor, const AllreduceOptions& options) {

@@ -1,0 +1,226 @@
+#include "comm/fake/fake_link.h"
+
+#include <time.h>
+
+#include <algorithm>
+#include <cmath>
+#include <cstdlib>
+#include <map>
+#include <sstream>
+
+#include "internal/check.h"
+#include "internal/env.h"
+
+namespace ddp::internal {
+
+namespace {
+
+// At most this many bytes, and at most this many ranks, Gloo's allreduce
+// exchanges whole buffers instead of running its ring (as cost_model.py).
+constexpr int64_t kExchangeMaxBytes = 64 * 1024;
+constexpr int kExchangeMaxRanks = 8;
+
+double parse_number(const std::string& key, const std::string& value) {
+  char* end = nullptr;
+  const double number = std::strtod(value.c_str(), &end);
+  DDP_CHECK(!value.empty() && *end == '\0' && std::isfinite(number) && number >= 0, kEnvFakeLink.name, ": ", key,
+            " takes a number >= 0 (got '", value, "')");
+  return number;
+}
+
+// A group's shape over the hosts (cost_model.py's group_shape).
+struct Shape {
+  int world = 0;   // the group's ranks
+  int hosts = 0;   // hosts it spans
+  int g = 0;       // its most ranks on one host
+  int sharing = 1; // groups like it sharing each host's link
+};
+
+Shape shape_of(const std::vector<int>& members, int per_host) {
+  std::map<int, int> hosts;
+  for (const int rank : members) {
+    hosts[rank / per_host] += 1;
+  }
+  Shape shape;
+  shape.world = static_cast<int>(members.size());
+  shape.hosts = static_cast<int>(hosts.size());
+  for (const auto& entry : hosts) {
+    shape.g = std::max(shape.g, entry.second);
+  }
+  shape.sharing = std::max(1, per_host / std::max(1, shape.g));
+  return shape;
+}
+
+bool is_op(const std::string& op, std::initializer_list<const char*> names) {
+  return std::any_of(names.begin(), names.end(), [&](const char* name) { return op == name; });
+}
+
+double seconds_on_link(const FakeLink& link, const std::string& op, double sent, double n, const Shape& s) {
+  const double b = link.bandwidth / s.sharing;
+  const double l = link.latency;
+  const int w = s.world;
+  if (is_op(op, {"allreduce", "allreduce_coalesced"})) {
+    if (n <= kExchangeMaxBytes && w <= kExchangeMaxRanks) {
+      return l + s.g * (w - s.g) * n / b;
+    }
+    return 2.0 * (w - 1) * l + sent / b;
+  }
+  if (is_op(op, {"allgather", "allgather_into_tensor"})) {
+    return (w - 1) * l + sent / b;
+  }
+  if (is_op(op, {"reduce_scatter", "reduce_scatter_tensor"})) {
+    return l + s.g * sent * (w - s.g) / ((w - 1) * b);
+  }
+  if (op == "broadcast") {
+    return std::ceil(std::log2(w)) * (l + n / b);
+  }
+  if (op == "barrier") {
+    return 2.0 * std::ceil(std::log2(w)) * l;
+  }
+  return l + std::max(sent, n) / b;
+}
+
+// (bytes crossing host links, bytes between ranks of one host over TCP)
+// moved by all the groups like this one (cost_model.py's call_bytes).
+std::pair<double, double> bytes_moved(const std::string& op, double sent, double n, const Shape& s) {
+  double total = 0;
+  double crossing = 0;
+  const int w = s.world;
+  if (op == "broadcast") {
+    total = (w - 1) * n;
+    crossing = static_cast<double>(s.hosts - 1) / (w - 1);
+  } else if (is_op(op, {"reduce_scatter", "reduce_scatter_tensor"}) ||
+             (is_op(op, {"allreduce", "allreduce_coalesced"}) && n <= kExchangeMaxBytes && w <= kExchangeMaxRanks)) {
+    total = w * std::max(sent, n);
+    crossing = static_cast<double>(w - s.g) / (w - 1);
+  } else {
+    total = w * std::max(sent, n);
+    crossing = static_cast<double>(s.hosts) / w;
+  }
+  return {total * crossing, total * (1 - crossing)};
+}
+
+double thread_cpu_seconds() {
+  timespec now{};
+  ::clock_gettime(CLOCK_THREAD_CPUTIME_ID, &now);
+  return static_cast<double>(now.tv_sec) + static_cast<double>(now.tv_nsec) * 1e-9;
+}
+
+} // namespace
+
+std::optional<FakeLink> fake_link_from_env() {
+  const auto text = env_get(kEnvFakeLink);
+  if (!text || text->empty()) {
+    return std::nullopt;
+  }
+  FakeLink link;
+  link.per_host = 0;
+  bool has_bandwidth = false;
+  bool has_latency = false;
+  std::stringstream items(*text);
+  std::string item;
+  while (std::getline(items, item, ',')) {
+    const auto equals = item.find('=');
+    DDP_CHECK(equals != std::string::npos, kEnvFakeLink.name, ": '", item, "' is not key=value (in '", *text, "')");
+    const std::string key = item.substr(0, equals);
+    const double value = parse_number(key, item.substr(equals + 1));
+    if (key == "gbit") {
+      DDP_CHECK(value > 0, kEnvFakeLink.name, ": gbit must be above 0");
+      link.bandwidth = value * 1e9 / 8;
+      has_bandwidth = true;
+    } else if (key == "latency_us") {
+      link.latency = value * 1e-6;
+      has_latency = true;
+    } else if (key == "per_host") {
+      DDP_CHECK(value >= 1 && value == std::floor(value), kEnvFakeLink.name, ": per_host takes a whole number >= 1");
+      link.per_host = static_cast<int>(value);
+    } else if (key == "cpu_ns_link") {
+      link.cpu_ns_link = value;
+    } else if (key == "cpu_ns_loopback") {
+      link.cpu_ns_loopback = value;
+    } else {
+      DDP_CHECK(false, kEnvFakeLink.name, ": unknown key '", key,
+                "' (known: gbit, latency_us, per_host, cpu_ns_link, cpu_ns_loopback)");
+    }
+  }
+  DDP_CHECK(has_bandwidth && has_latency, kEnvFakeLink.name, ": gbit and latency_us are required (got '", *text,
+            "')");
+  if (link.per_host == 0) {
+    const auto local = env_get(kEnvLocalWorldSize);
+    link.per_host = local ? std::max(1, std::atoi(local->c_str())) : 1;
+  }
+  return link;
+}
+
+FakeCost fake_call_cost(const FakeLink& link, const std::string& op, int64_t sent, int64_t n,
+                        const std::vector<int>& members, int world) {
+  const Shape shape = shape_of(members, link.per_host);
+  FakeCost cost;
+  if (shape.world <= 1 || shape.hosts <= 1) {
+    return cost; // within one host: shared memory, taken as free
+  }
+  const auto s = static_cast<double>(sent);
+  const auto bytes = static_cast<double>(n);
+  cost.network_s = seconds_on_link(link, op, s, bytes, shape);
+  const auto [crossing, loopback] = bytes_moved(op, s, bytes, shape);
+  const double instances = static_cast<double>(world) / shape.world;
+  cost.cpu_s = (crossing * link.cpu_ns_link + loopback * link.cpu_ns_loopback) * 1e-9 * instances / world;
+  return cost;
+}
+
+FakeWire::FakeWire() : queue_(std::make_shared<Queue>()) {
+  thread_ = std::thread([queue = queue_] { run(queue); });
+}
+
+FakeWire::~FakeWire() {
+  {
+    std::lock_guard<std::mutex> lock(queue_->mutex);
+    queue_->stop = true;
+  }
+  queue_->wake.notify_all();
+  if (thread_.get_id() == std::this_thread::get_id()) {
+    thread_.detach(); // the last owner let go in a callback on this thread
+  } else {
+    thread_.join();
+  }
+}
+
+void FakeWire::submit(std::shared_ptr<Work> work, std::vector<at::Tensor> result, FakeCost cost) {
+  {
+    std::lock_guard<std::mutex> lock(queue_->mutex);
+    queue_->items.push_back({std::move(work), std::move(result), cost});
+  }
+  queue_->wake.notify_all();
+}
+
+void FakeWire::run(const std::shared_ptr<Queue>& queue) {
+  std::unique_lock<std::mutex> lock(queue->mutex);
+  for (;;) {
+    queue->wake.wait(lock, [&] { return queue->stop || !queue->items.empty(); });
+    if (queue->items.empty()) {
+      return; // stopped
+    }
+    Item item = std::move(queue->items.front());
+    queue->items.pop_front();
+    if (!queue->stop) {
+      lock.unlock();
+      const auto start = std::chrono::steady_clock::now();
+      const double cpu_end = thread_cpu_seconds() + item.cost.cpu_s;
+      while (!queue->stop && thread_cpu_seconds() < cpu_end) {
+        // The bytes' CPU work: spin, competing for the cores.
+      }
+      lock.lock();
+      // The rest of the network time; a stop (the group going) ends it.
+      queue->wake.wait_until(lock,
+                             start + std::chrono::duration_cast<std::chrono::steady_clock::duration>(
+                                         std::chrono::duration<double>(item.cost.network_s)),
+                             [&] { return queue->stop.load(); });
+    }
+    lock.unlock();
+    item.work->set_result(std::move(item.result));
+    item.work.reset();
+    lock.lock();
+  }
+}
+
+} // namespace ddp::internal
