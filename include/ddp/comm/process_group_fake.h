@@ -63,7 +63,10 @@ struct FakeTraffic {
 /// Made by `FakeProcessGroup::create`, by `init_process_group` with
 /// `Backend::kFake` or DDP_BACKEND=fake (RANK and WORLD_SIZE from the
 /// environment, no MASTER_ADDR), and for each `new_group` of a fake default
-/// group. Thread-safe.
+/// group. With DDP_FAKE_LINK set when the group is made (e.g.
+/// `gbit=1,latency_us=100,per_host=2`), an operation's Work completes not at
+/// once but after the time a link so described would take (docs/scaling.md,
+/// "Overlap"); its outputs are there at once all the same. Thread-safe.
 class FakeProcessGroup : public ProcessGroup {
  public:
   /// Rank `rank` of `size`.
