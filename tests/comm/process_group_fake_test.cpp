@@ -355,6 +355,17 @@ TEST(FakeLink, ReadsItsSettingsAndNamesAWrongOne) {
       EXPECT_NE(message.find(expected), std::string::npos) << message;
     }
   }
+  // A group made with a malformed one says which rank it is.
+  ::setenv("DDP_FAKE_LINK", "gbit=1", 1);
+  try {
+    FakeProcessGroup::create(1, 4);
+    ADD_FAILURE() << "a fake group took DDP_FAKE_LINK=gbit=1";
+  } catch (const c10::Error& e) {
+    const std::string message = e.what_without_backtrace();
+    EXPECT_NE(message.find("[rank 1/4] fake group: DDP_FAKE_LINK: gbit and latency_us are required"),
+              std::string::npos)
+        << message;
+  }
   ::unsetenv("DDP_FAKE_LINK");
   EXPECT_FALSE(internal::fake_link_from_env().has_value());
 }

@@ -20,10 +20,10 @@ namespace {
 constexpr int64_t kExchangeMaxBytes = 64 * 1024;
 constexpr int kExchangeMaxRanks = 8;
 
-double parse_number(const std::string& key, const std::string& value) {
+double parse_number(const std::string& who, const std::string& key, const std::string& value) {
   char* end = nullptr;
   const double number = std::strtod(value.c_str(), &end);
-  DDP_CHECK(!value.empty() && *end == '\0' && std::isfinite(number) && number >= 0, kEnvFakeLink.name, ": ", key,
+  DDP_CHECK(!value.empty() && *end == '\0' && std::isfinite(number) && number >= 0, who, kEnvFakeLink.name, ": ", key,
             " takes a number >= 0 (got '", value, "')");
   return number;
 }
@@ -108,7 +108,8 @@ double thread_cpu_seconds() {
 
 } // namespace
 
-std::optional<FakeLink> fake_link_from_env() {
+std::optional<FakeLink> fake_link_from_env(const std::string& who_prefix) {
+  const std::string who = who_prefix.empty() ? who_prefix : who_prefix + " ";
   const auto text = env_get(kEnvFakeLink);
   if (!text || text->empty()) {
     return std::nullopt;
@@ -121,29 +122,29 @@ std::optional<FakeLink> fake_link_from_env() {
   std::string item;
   while (std::getline(items, item, ',')) {
     const auto equals = item.find('=');
-    DDP_CHECK(equals != std::string::npos, kEnvFakeLink.name, ": '", item, "' is not key=value (in '", *text, "')");
+    DDP_CHECK(equals != std::string::npos, who, kEnvFakeLink.name, ": '", item, "' is not key=value (in '", *text, "')");
     const std::string key = item.substr(0, equals);
-    const double value = parse_number(key, item.substr(equals + 1));
+    const double value = parse_number(who, key, item.substr(equals + 1));
     if (key == "gbit") {
-      DDP_CHECK(value > 0, kEnvFakeLink.name, ": gbit must be above 0");
+      DDP_CHECK(value > 0, who, kEnvFakeLink.name, ": gbit must be above 0");
       link.bandwidth = value * 1e9 / 8;
       has_bandwidth = true;
     } else if (key == "latency_us") {
       link.latency = value * 1e-6;
       has_latency = true;
     } else if (key == "per_host") {
-      DDP_CHECK(value >= 1 && value == std::floor(value), kEnvFakeLink.name, ": per_host takes a whole number >= 1");
+      DDP_CHECK(value >= 1 && value == std::floor(value), who, kEnvFakeLink.name, ": per_host takes a whole number >= 1");
       link.per_host = static_cast<int>(value);
     } else if (key == "cpu_ns_link") {
       link.cpu_ns_link = value;
     } else if (key == "cpu_ns_loopback") {
       link.cpu_ns_loopback = value;
     } else {
-      DDP_CHECK(false, kEnvFakeLink.name, ": unknown key '", key,
+      DDP_CHECK(false, who, kEnvFakeLink.name, ": unknown key '", key,
                 "' (known: gbit, latency_us, per_host, cpu_ns_link, cpu_ns_loopback)");
     }
   }
-  DDP_CHECK(has_bandwidth && has_latency, kEnvFakeLink.name, ": gbit and latency_us are required (got '", *text,
+  DDP_CHECK(has_bandwidth && has_latency, who, kEnvFakeLink.name, ": gbit and latency_us are required (got '", *text,
             "')");
   if (link.per_host == 0) {
     const auto local = env_get(kEnvLocalWorldSize);

@@ -61,8 +61,8 @@ struct FakeLink {
 };
 
 // DDP_FAKE_LINK, parsed; nullopt when unset or empty. Throws on a malformed
-// value, naming it.
-std::optional<FakeLink> fake_link_from_env();
+// value, naming it, after `who` ("[rank 1/4] fake group").
+std::optional<FakeLink> fake_link_from_env(const std::string& who = "");
 
 // What one operation costs on `link`: `sent` the bytes this rank sends (as
 // the plan counts them), `n` its tensor's bytes, `members` its group's world

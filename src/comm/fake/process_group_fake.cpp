@@ -88,7 +88,7 @@ std::shared_ptr<FakeProcessGroup> FakeProcessGroup::create(int rank, int size, s
 
 FakeProcessGroup::FakeProcessGroup(int rank, int size, std::chrono::milliseconds timeout)
     : ProcessGroup(rank, size, timeout) { // which checks the rank and size
-  if (auto link = internal::fake_link_from_env()) {
+  if (auto link = internal::fake_link_from_env(rank_prefix() + " fake group:")) {
     link_ = std::make_unique<internal::FakeLink>(*link);
     wire_ = std::make_unique<internal::FakeWire>();
   }
