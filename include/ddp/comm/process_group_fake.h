@@ -121,6 +121,7 @@ class FakeProcessGroup : public ProcessGroup {
   // DDP_FAKE_LINK: operations complete after their simulated time, on
   // wire_'s thread (Note [A simulated link]); null when unset.
   std::unique_ptr<internal::FakeLink> link_;
+  int link_world_ = 0; // the world's size, for the link's prices
   std::unique_ptr<internal::FakeWire> wire_;
 };
 

@@ -90,6 +90,11 @@ FakeProcessGroup::FakeProcessGroup(int rank, int size, std::chrono::milliseconds
     : ProcessGroup(rank, size, timeout) { // which checks the rank and size
   if (auto link = internal::fake_link_from_env(rank_prefix() + " fake group:")) {
     link_ = std::make_unique<internal::FakeLink>(*link);
+    // Note [A simulated link]: the world is the default group's (WORLD_SIZE
+    // when the fake group comes from the environment), of which this
+    // group's members are ranks.
+    const auto env_world = internal::env_get(internal::kEnvWorldSize);
+    link_world_ = env_world ? std::max(size, std::atoi(env_world->c_str())) : size;
     wire_ = std::make_unique<internal::FakeWire>();
   }
 }
@@ -120,12 +125,8 @@ std::shared_ptr<Work> FakeProcessGroup::done(const char* op, int64_t bytes_sent,
   if (wire_ == nullptr) {
     return Work::completed(std::move(result));
   }
-  // Note [A simulated link]: the world is the default group's, of which
-  // `members` are ranks.
-  const auto env_world = internal::env_get(internal::kEnvWorldSize);
-  const int world = env_world ? std::max(size(), std::atoi(env_world->c_str())) : size();
   auto work = Work::create(rank_prefix() + " " + op, timeout());
-  wire_->submit(work, std::move(result), internal::fake_call_cost(*link_, op, bytes_sent, tensor_bytes, members, world));
+  wire_->submit(work, std::move(result), internal::fake_call_cost(*link_, op, bytes_sent, tensor_bytes, members, link_world_));
   return work;
 }
 
