@@ -1,7 +1,8 @@
 #!/usr/bin/env python3
 """Random faults against a training job that checkpoints and restarts.
 
-Runs mnist_train (or any program with the same flags and final line) under
+Runs mnist_train or gpt_train (or any program with the same flags, the same
+`latest` file and the same final line) under
 a launcher that restarts the group after a failure (ddprun --max-restarts,
 or torchrun's elastic agent), and meanwhile kills a random rank at a random
 moment, FAULTS times: SIGKILL, SIGTERM, SIGSTOP then SIGKILL, or SIGKILL
@@ -11,15 +12,18 @@ which is printed. Then checks that:
   - each fault was followed by a new attempt within --recovery seconds (no
     rank hung on a dead or stopped peer);
   - its final parameters equal those of the same job run without faults,
-    bit for bit (mnist_train's "final parameters: checksum X" line), which
+    bit for bit (the program's "final parameters: checksum X" line), which
     holds only if every resume restored the model, the optimizer and the
-    sampler's epoch and position exactly.
+    position in the data (mnist_train: the sampler's epoch and position;
+    gpt_train: the step) exactly.
 
   scripts/chaos.py --train build/examples/mnist_train --ddprun build/ddprun \\
       --work /tmp/chaos --seed 1 --faults 30 -- --epochs 4 --train-size 1200
 
 Flags after `--` go to the program, which also gets --checkpoint-dir and
---checkpoint-every. --launcher torchrun runs `--torchrun CMD` (default:
+--checkpoint-every, and resumes by itself from the checkpoint that the
+directory's `latest` names. Checkpoint files and directories are named
+epoch-* (mnist_train) or step-* (gpt_train). --launcher torchrun runs `--torchrun CMD` (default:
 torchrun on PATH) with --max-restarts. Prints one line per fault and, last,
 "chaos: seed S: N faults, final parameters equal to the uninterrupted
 run's (checksum X)" or what went wrong; exits 0 only when every check holds.
@@ -79,13 +83,21 @@ def ranks_of(tag, program):
     return found
 
 
+def is_checkpoint(name):
+    return name.startswith(("epoch-", "step-"))
+
+
 def newest_checkpoint(directory):
-    """The tag `latest` names ("epoch-2", "epoch-3-step-10"), or None."""
+    """The tag `latest` names ("epoch-2", "epoch-3-step-10", gpt_train's
+    "step-40"), or None."""
     try:
         with open(os.path.join(directory, "latest")) as f:
             text = f.read()
     except OSError:
         return None
+    named = re.search(r"^checkpoint (\S+)$", text, re.M)
+    if named:
+        return named.group(1)
     epochs = re.search(r"^completed_epochs (\d+)$", text, re.M)
     steps = re.search(r"^completed_steps (\d+)$", text, re.M)
     if not epochs:
@@ -104,7 +116,7 @@ def save_in_progress(directory, since):
     except OSError:
         return None
     for name in names:
-        if name.startswith("epoch-") and (newest is None or not name.startswith(newest + ".")):
+        if is_checkpoint(name) and (newest is None or (name != newest and not name.startswith(newest + "."))):
             try:
                 if os.stat(os.path.join(directory, name)).st_mtime >= since:
                     return name
@@ -219,7 +231,7 @@ def saved_since(directory, since):
         return False
     for name in names:
         try:
-            if name.startswith("epoch-") and os.stat(os.path.join(directory, name)).st_mtime >= since:
+            if is_checkpoint(name) and os.stat(os.path.join(directory, name)).st_mtime >= since:
                 return True
         except OSError:
             continue
@@ -285,7 +297,7 @@ def inject(job, rng, checkpoint_dir, nproc, number, startup, span):
 def main():
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--train", required=True, help="the training program (mnist_train)")
+    parser.add_argument("--train", required=True, help="the training program (mnist_train, gpt_train)")
     parser.add_argument("--launcher", choices=["ddprun", "torchrun"], default="ddprun")
     parser.add_argument("--ddprun", default="ddprun")
     parser.add_argument("--torchrun", default="torchrun", help="the torchrun command (may have words)")

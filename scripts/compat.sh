@@ -14,7 +14,7 @@
 #   cpu    the same LibTorch with -DDDP_WITH_NCCL=OFF, the build of a user who
 #          has no NCCL: everything, and the whole suite.
 #   all    cuda (but the tests of code that uses no LibTorch, $torch_free_tests
-#          below, the real-Slurm launcher cases, $launcher_tests, repeats at
+#          below, the launcher and random-fault cases, $launcher_tests, repeats at
 #          other sizes, $repeat_tests, and the CPU benchmarks with their smoke
 #          tests), then cpu reduced to what differs without NCCL: libddp.so,
 #          ddprun, the example and the tests whose code depends on it
@@ -72,10 +72,14 @@ readonly cpu_tests='^(init_test|install_consumer|toy_model_2_ranks)$'
 # against any LibTorch; scripts/test.sh, which .ci/run runs first, has run
 # them. `compat.sh cuda` alone runs them too.
 readonly torch_free_tests='^(store_test|tcp_store_test|tcp_store_bounds_test|file_store_test|ddprun_options_test|ddprun_test|flight_recorder_json_test)$'
-# And the launcher cases under a real Slurm (a minute): what they check is
-# the environment the launchers give and how init.cpp reads it, the same
-# against any LibTorch (init_test runs that code here too).
-readonly launcher_tests='^slurm_cases$'
+# And the launcher cases under a real Slurm (a minute) and torchrun's
+# elastic agent (47 s): what they check is the environment the launchers
+# give and how init.cpp reads it, the same against any LibTorch (init_test
+# runs that code here too, toy_model_torchrun_* torchrun's rendezvous); and
+# the random-fault runs (scripts/chaos.py, 30 to 45 s each): a launcher
+# restarting a program killed at random, whose resume this run checks in
+# mnist_train_resume, mnist_train_restart and gpt_train_parity.
+readonly launcher_tests='^(slurm_cases|torchrun_elastic|mnist_chaos_short(_torchrun)?|gpt_chaos_short)$'
 # And repeats of programs that this run already runs at another size or in
 # another mode (as scripts/sanitize.sh's ASAN_SKIPPED): the MPI group at 3
 # and 4 ranks (2 stays), ZeRO at 3 ranks (2 stays, and zero_mpi_2_ranks),

@@ -35,8 +35,9 @@ cd "$(dirname "${BASH_SOURCE[0]}")/.." || exit 1
 # world size or in another mode, a program whose code ASan already runs in
 # the suite: the MNIST example's resume, restart, PowerSGD, local SGD, ZeRO,
 # FSDP, checkpoint-format and IDX runs, and its random-fault runs
-# (mnist_chaos_short*: the same program killed and resumed, whose timing
-# windows ASan's slowness would only stretch) (mnist_train_accuracy stays;
+# (mnist_chaos_short*, and gpt_chaos_short: the same programs killed and
+# resumed, whose timing windows ASan's slowness would only stretch;
+# gpt_train_parity runs gpt_train's DCP resume) (mnist_train_accuracy stays;
 # checkpoint_test, checkpoint_crash_test, the checkpoint-format, PowerSGD,
 # hook-resume, ZeRO and FSDP tests run that code), the 3-rank runs of FSDP
 # (with auto-wrap, deferred construction and activation checkpointing, whose
@@ -51,7 +52,7 @@ cd "$(dirname "${BASH_SOURCE[0]}")/.." || exit 1
 # runs the code that reads their variables, mnist_train_restart the resume).
 # About 160 s of the ASan run's test time (2026-11-26), and about 90 s more
 # for those added on 2026-11-27.
-readonly ASAN_SKIPPED='^(nccl_backend_compiles|mnist_train_(resume|restart|powersgd|localsgd|zero1|fsdp|formats|idx)|mnist_chaos_short(_torchrun)?|toy_model_torchrun_(static|c10d)|process_group_mpi_test_4_ranks|fsdp_(3_ranks|mpi_3_ranks|auto_wrap_3_ranks|deferred_init_3_ranks)|activation_checkpoint_(mpi_)?3_ranks|objects_(3_ranks|mpi_3_ranks)|ddp_hook_resume_3_ranks|ddp_pytorch_parity_3_ranks|averaging_3_ranks|zero_(mpi_)?3_ranks|init_exit_sweep|slurm_cases|torchrun_elastic|plan_fsdp_1024)$'
+readonly ASAN_SKIPPED='^(nccl_backend_compiles|mnist_train_(resume|restart|powersgd|localsgd|zero1|fsdp|formats|idx)|mnist_chaos_short(_torchrun)?|gpt_chaos_short|toy_model_torchrun_(static|c10d)|process_group_mpi_test_4_ranks|fsdp_(3_ranks|mpi_3_ranks|auto_wrap_3_ranks|deferred_init_3_ranks)|activation_checkpoint_(mpi_)?3_ranks|objects_(3_ranks|mpi_3_ranks)|ddp_hook_resume_3_ranks|ddp_pytorch_parity_3_ranks|averaging_3_ranks|zero_(mpi_)?3_ranks|init_exit_sweep|slurm_cases|torchrun_elastic|plan_fsdp_1024)$'
 readonly TSAN_TESTS='^(store_test|tcp_store_test|file_store_test|process_group_gloo_test|process_group_composite_test|gloo_reliability_test|init_test|ddprun_options_test|ddprun_test|distributed_data_parallel_test|ddp_parity_2_ranks|toy_model_2_ranks)$'
 # What those tests run; TSan builds only these.
 readonly TSAN_TARGETS='ddp ddprun store_test tcp_store_test file_store_test process_group_gloo_test process_group_composite_test gloo_reliability_test init_test ddprun_options_test ddprun_test distributed_data_parallel_test ddp_parity_main toy_model'

@@ -37,7 +37,9 @@
 
 #include <ddp/ddp.h>
 
+#include "../common/checksum.h"
 #include "gpt.h"
+#include "snapshots.h"
 
 namespace {
 
@@ -61,6 +63,8 @@ struct Flags {
   int64_t log_every = 10;
   std::string save_initial, losses, checkpoint, checkpoint_format = "dcp";
   bool resume = false;
+  std::string checkpoint_dir;
+  int64_t checkpoint_every = 0;
   int64_t sample = 200;
   std::string prompt = "The ";
   int threads = 1;
@@ -91,6 +95,12 @@ const char* kHelp = R"(gpt_train: trains a GPT on a text corpus with several ran
   --checkpoint PATH               save the model and optimizer at the end
   --checkpoint-format dcp|torch|safetensors   (default dcp; safetensors: the model only)
   --resume                        load --checkpoint first (dcp or torch)
+  --checkpoint-dir DIR            resumable training: start from the checkpoint DIR/latest names,
+                                  if any, and save DCP checkpoints there (DIR/step-S, then
+                                  DIR/latest names it) after the last step and every
+                                  --checkpoint-every N steps (default 0: the last step only),
+                                  and print the final weights' checksum;
+                                  a resumed run ends bit for bit where an uninterrupted one does
   --sample N --prompt TEXT        bytes generated at the end by rank 0 (200, "The ")
   --threads N                     intra-op threads per rank (1)
   --report                        every rank prints a line of figures at the end, for
@@ -107,10 +117,12 @@ Flags parse(int argc, char** argv) {
                                               {"--losses", &f.losses},
                                               {"--checkpoint", &f.checkpoint},
                                               {"--checkpoint-format", &f.checkpoint_format},
+                                              {"--checkpoint-dir", &f.checkpoint_dir},
                                               {"--prompt", &f.prompt}};
   std::map<std::string, int64_t*> ints{{"--layers", &f.layers}, {"--heads", &f.heads},   {"--embd", &f.embd},
                                        {"--block", &f.block},   {"--batch", &f.batch},   {"--steps", &f.steps},
-                                       {"--log-every", &f.log_every}, {"--sample", &f.sample}};
+                                       {"--log-every", &f.log_every}, {"--sample", &f.sample},
+                                       {"--checkpoint-every", &f.checkpoint_every}};
   std::map<std::string, double*> doubles{{"--lr", &f.lr}, {"--dropout", &f.dropout}, {"--clip", &f.clip}};
   for (int i = 1; i < argc; ++i) {
     const std::string flag = argv[i];
@@ -182,7 +194,7 @@ Flags parse(int argc, char** argv) {
   one_of("--mixed-precision", f.mixed_precision, {"none", "bf16"});
   one_of("--checkpoint-format", f.checkpoint_format, {"dcp", "torch", "safetensors"});
   for (const auto& [flag, value] : ints) {
-    if (*value < (flag == "--steps" || flag == "--sample" ? 0 : 1)) {
+    if (*value < (flag == "--steps" || flag == "--sample" || flag == "--checkpoint-every" ? 0 : 1)) {
       throw FlagError(flag + " must be positive, not " + std::to_string(*value));
     }
   }
@@ -194,6 +206,12 @@ Flags parse(int argc, char** argv) {
   }
   if (f.resume && f.checkpoint.empty()) {
     throw FlagError("--resume needs --checkpoint PATH");
+  }
+  if (f.checkpoint_every > 0 && f.checkpoint_dir.empty()) {
+    throw FlagError("--checkpoint-every N saves into --checkpoint-dir DIR: give it too");
+  }
+  if (!f.checkpoint_dir.empty() && f.resume) {
+    throw FlagError("--checkpoint-dir resumes from DIR/latest by itself; --resume is for --checkpoint PATH");
   }
   if (f.resume && f.checkpoint_format == "safetensors") {
     throw FlagError("--resume reads dcp or torch checkpoints (safetensors holds no optimizer state)");
@@ -354,8 +372,6 @@ int run(const Flags& flags) {
     ddp::materialize(*net, init); // DDP and ZeRO hold the whole model on every rank
   }
   net->to(device);
-  // Dropout masks differ across ranks, as each rank's batch does.
-  torch::manual_seed(flags.seed + 1 + static_cast<uint64_t>(rank));
 
   std::string how = flags.parallel;
   std::unique_ptr<ddp::DistributedDataParallel> ddp_model;
@@ -434,6 +450,48 @@ int run(const Flags& flags) {
     }
     say("gpt_train: resumed from " + flags.checkpoint + " after step " + std::to_string(first_step));
   }
+  // --checkpoint-dir: rank 0 alone reads DIR/latest and clears what a save
+  // killed half-way left, then tells the others where to start (-1: it
+  // failed, its error follows); every rank then loads its part.
+  if (!flags.checkpoint_dir.empty()) {
+    std::string error;
+    int64_t latest = -1;
+    if (rank == 0) {
+      try {
+        gpt::make_directory(flags.checkpoint_dir);
+        latest = gpt::read_latest(flags.checkpoint_dir);
+        gpt::remove_other_snapshots(flags.checkpoint_dir, latest);
+      } catch (const std::exception& e) {
+        error = e.what();
+      }
+    }
+    auto start = torch::tensor({latest, static_cast<int64_t>(error.empty() ? 0 : 1)}, torch::kLong).to(device);
+    group->broadcast(start)->wait();
+    if (start[1].item<int64_t>() != 0) {
+      throw FlagError(rank == 0 ? error : "rank 0 could not start from --checkpoint-dir " + flags.checkpoint_dir +
+                                                " (rank 0's error says why)");
+    }
+    latest = start[0].item<int64_t>();
+    if (latest >= 0) {
+      const std::string path = flags.checkpoint_dir + "/" + gpt::snapshot_name(latest);
+      fsdp_model ? ddp::dcp::load(*fsdp_model, *optimizer, path) : ddp::dcp::load(*ddp_model, *optimizer, path);
+      first_step = latest;
+      say("gpt_train: resumed from " + path + " after step " + std::to_string(latest) + " of " +
+          std::to_string(flags.steps));
+    }
+  }
+  // Saves the checkpoint after `done` steps in --checkpoint-dir (every rank
+  // writes its part), then, once every rank has, rank 0 names it in
+  // `latest` and removes the older ones.
+  const auto save_snapshot = [&](int64_t done) {
+    const std::string path = flags.checkpoint_dir + "/" + gpt::snapshot_name(done);
+    fsdp_model ? ddp::dcp::save(*fsdp_model, *optimizer, path) : ddp::dcp::save(*ddp_model, *optimizer, path);
+    group->barrier()->wait();
+    if (rank == 0) {
+      gpt::write_latest(flags.checkpoint_dir, done);
+      gpt::remove_other_snapshots(flags.checkpoint_dir, done);
+    }
+  };
 
   std::FILE* losses = nullptr;
   if (!flags.losses.empty() && rank == 0) {
@@ -459,6 +517,10 @@ int run(const Flags& flags) {
       reset_peak();
       step_base_mb = status_mb("VmRSS");
     }
+    // Dropout's masks differ across ranks, as each rank's batch does, and
+    // are drawn from the step too, so that a resumed run draws what an
+    // uninterrupted one does.
+    torch::manual_seed(flags.seed + 1 + static_cast<uint64_t>(rank + step * size));
     auto [x, y] = batch_rows(corpus, step, global, rank * flags.batch, flags.batch, flags.block);
     x = x.to(device);
     y = y.to(device);
@@ -499,6 +561,10 @@ int run(const Flags& flags) {
         window_steps = 0;
       }
     }
+    if (!flags.checkpoint_dir.empty() &&
+        (step + 1 == flags.steps || (flags.checkpoint_every > 0 && (step + 1) % flags.checkpoint_every == 0))) {
+      save_snapshot(step + 1);
+    }
   }
   if (losses != nullptr) {
     std::fclose(losses);
@@ -536,10 +602,21 @@ int run(const Flags& flags) {
     say("gpt_train: saved " + flags.checkpoint + " (" + flags.checkpoint_format + ")");
   }
 
-  // The sample, from the full weights on rank 0 (gathered by every rank).
-  const auto state = flags.sample == 0 ? ddp::StateDict()
-                     : fsdp_model      ? (*fsdp_model)->full_state_dict(ddp::FullStateDictOptions().rank0_only(true))
-                                       : ddp::module_state_dict(*net);
+  // The sample, and with --checkpoint-dir the final weights' checksum (by
+  // which a resumed run is compared with an uninterrupted one), from the
+  // full weights on rank 0, gathered by every rank; nothing is gathered
+  // without them (a model near the memory's limit would not hold it).
+  const bool with_checksum = !flags.checkpoint_dir.empty();
+  const auto state = flags.sample == 0 && !with_checksum ? ddp::StateDict()
+                     : fsdp_model ? (*fsdp_model)->full_state_dict(ddp::FullStateDictOptions().rank0_only(true))
+                                  : ddp::module_state_dict(*net);
+  if (rank == 0 && with_checksum) {
+    examples::Checksum checksum;
+    for (const auto& item : state) {
+      checksum.add(item.value());
+    }
+    say("final parameters: checksum " + checksum.hex() + " (" + std::to_string(checksum.values()) + " values)");
+  }
   if (rank == 0 && flags.sample > 0) {
     auto plain_config = config;
     plain_config.activation_checkpointing = false;

@@ -48,6 +48,7 @@
 
 #include <ddp/ddp.h>
 
+#include "../common/checksum.h"
 #include "checkpoints.h"
 #include "data.h"
 #include "flags.h"
@@ -240,22 +241,15 @@ Accuracy evaluate(torch::nn::Module& net, const std::function<torch::Tensor(cons
 
 // ---- Checksum ------------------------------------------------------------------------
 
-// FNV-1a over the bytes of every parameter, in registration order: equal
+// A checksum of every parameter's bytes, in registration order: equal
 // checksums mean bit-identical parameters (the resume test compares them).
 std::string parameter_checksum(const torch::nn::Module& module, int64_t* values) {
-  uint64_t hash = 0xcbf29ce484222325ull;
-  *values = 0;
+  examples::Checksum checksum;
   for (const auto& p : module.parameters()) {
-    auto cpu = p.detach().to(torch::kCPU).contiguous();
-    const auto* bytes = static_cast<const unsigned char*>(cpu.data_ptr());
-    for (size_t i = 0; i < cpu.nbytes(); ++i) {
-      hash = (hash ^ bytes[i]) * 0x100000001b3ull;
-    }
-    *values += cpu.numel();
+    checksum.add(p);
   }
-  char text[17];
-  std::snprintf(text, sizeof text, "%016llx", static_cast<unsigned long long>(hash));
-  return text;
+  *values = checksum.values();
+  return checksum.hex();
 }
 
 // ---- Training --------------------------------------------------------------------------

@@ -4,7 +4,8 @@
 # the one-process PyTorch run's on the whole batch (1e-4), for 20 steps of
 # DDP, ZeRO, FSDP, FSDP with activation checkpointing and FSDP with
 # deferred construction (--meta-init) on 2 ranks; and a DCP checkpoint
-# written after 10 steps resumes to the 20-step run's losses.
+# written after 10 steps resumes to the 20-step run's losses; a malformed
+# --checkpoint-dir is refused with an error naming its file.
 #
 # Usage: run_gpt_train_test.sh DDPRUN GPT_TRAIN GPT_PY PYTHON WORKDIR
 set -eu
@@ -60,4 +61,16 @@ compare "$work/fsdp_meta.txt" "$work/fsdp.txt" 1 1e-6
 # Steps 11..20 after the resume: the uninterrupted run's (--steps 20
 # continues from the checkpoint's step count: the losses file holds 11..20).
 compare "$work/resumed.txt" "$work/fsdp_ac.txt" 11 1e-6
+# --checkpoint-dir whose `latest` is malformed: an error naming the file,
+# on rank 0, and the other rank pointing at it; no training over it.
+mkdir -p "$work/bad_dir"
+printf 'checkpoint step-7\ncompleted_steps 8\n' > "$work/bad_dir/latest"
+if "$ddprun" --nproc-per-node 2 "$train" $model --steps 3 --checkpoint-dir "$work/bad_dir" \
+    > "$work/bad_dir.log" 2>&1; then
+  cat "$work/bad_dir.log"; echo "FAILED: a malformed latest was accepted"; exit 1
+fi
+grep -q "bad_dir/latest: expected the lines 'checkpoint step-S' and 'completed_steps S'" "$work/bad_dir.log" &&
+  grep -q "rank 0 could not start from --checkpoint-dir" "$work/bad_dir.log" || {
+  cat "$work/bad_dir.log"; echo "FAILED: the malformed latest's errors"; exit 1; }
+checks=$((checks + 1))
 echo "gpt_train: $checks of $checks checks passed"

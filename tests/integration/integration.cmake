@@ -59,6 +59,15 @@ add_test(NAME mnist_chaos_short_torchrun
     --launcher torchrun --torchrun ${_ddp_chaos_torchrun} --work ${CMAKE_CURRENT_BINARY_DIR}/chaos_work/torchrun
     --seed 12 --faults 4 --deadline 200 -- --epochs 3 --train-size 6000 --test-size 200 --lr 0.03)
 set_tests_properties(mnist_chaos_short_torchrun PROPERTIES TIMEOUT 240 LABELS integration SKIP_RETURN_CODE 77)
+# The same driver against gpt_train with FSDP and activation checkpointing
+# (a DCP checkpoint every 3 steps in --checkpoint-dir, resumed from the one
+# `latest` names): the step is its position in the data.
+add_test(NAME gpt_chaos_short
+  COMMAND ${DDP_TEST_PYTHON} ${PROJECT_SOURCE_DIR}/scripts/chaos.py --train $<TARGET_FILE:gpt_train>
+    --ddprun $<TARGET_FILE:ddprun> --work ${CMAKE_CURRENT_BINARY_DIR}/chaos_work/gpt --seed 13 --faults 4
+    --deadline 200 -- --parallel fsdp --activation-checkpointing --layers 2 --heads 4 --embd 64 --block 64
+    --batch 4 --sample 0 --steps 300)
+set_tests_properties(gpt_chaos_short PROPERTIES TIMEOUT 240 LABELS integration)
 
 # Two hosts (network namespaces) joined by a link that this machine's
 # kernel cannot shape (no netem), so link.py carries its frames: with 50 ms
