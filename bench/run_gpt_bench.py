@@ -18,6 +18,11 @@ on every block:
                buffers where a step allocates them again;
   peak MB      a rank's peak resident set over the run, and over its
                resident set after `import torch` / LibTorch's start (base);
+               for ddp less the pages of the peer's shared buffers that the
+               rank maps (its buckets and shards on one host lie in shared
+               memory, Note [Shared buffers]: the peer's resident set counts
+               those pages too, so the raw figure counts them twice; gpt_train
+               --report gives them as peer_shared_mb, printed apart);
 and for FSDP, eager against deferred construction (ddp: --meta-init,
 deferred units; PyTorch: the meta device and to_empty after fully_shard):
 the peak resident set during construction over the base. Then, unless
@@ -25,6 +30,8 @@ the peak resident set during construction over the base. Then, unless
 estimated for each side and mode from the per-layer rise of the peak
 between two short runs (4 and 8 layers): an extrapolation, not a run at
 that size. Both sides run with MALLOC_MMAP_THRESHOLD_=65536 (see below).
+--rounds N runs DDP, FSDP and FSDP with activation checkpointing N times,
+the two sides alternating, and gives each figure's median (default 3).
 Exits 0 whatever the figures, 1 if a side fails.
 """
 
@@ -44,7 +51,8 @@ BUDGET_MB = 20 * 1024  # the 2 ranks together
 
 def main():
     parser = argparse.ArgumentParser(description="GPT training: ddp against PyTorch 2.11 FSDP2 + checkpoint_wrapper.")
-    bench_common.add_common_arguments(parser, ["examples/gpt_train"], "(unused: one run per configuration)")
+    bench_common.add_common_arguments(parser, ["examples/gpt_train"],
+                                      "runs of each training mode and side, alternating; medians (default 3)")
     parser.add_argument("--layers", type=int, default=12)
     parser.add_argument("--embd", type=int, default=768)
     parser.add_argument("--heads", type=int, default=12)
@@ -52,6 +60,7 @@ def main():
     parser.add_argument("--batch", type=int, default=2, help="sequences per rank and step")
     parser.add_argument("--steps", type=int, default=4)
     parser.add_argument("--no-largest", action="store_true", help="leave out the largest-model estimate")
+    parser.set_defaults(rounds=3)
     args = parser.parse_args()
     ddprun, train = bench_common.built_programs(DRIVER, args.build_dir, ["examples/gpt_train"])
     python = args.python or bench_common.default_python()
@@ -76,15 +85,31 @@ def main():
         else:
             command = bench_common.launch(ddprun, WORLD_SIZE) + [python, gpt_py, "--log-every", "1000"]
         results = bench_common.run_side(DRIVER, side, command + model + flags, env, LINE)
-        return {key: max(float(r[key]) for r in results)
-                for key in ("tokens_per_s", "step_extra_mb", "construction_extra_mb", "peak_rss_mb", "base_mb")}
+        for r in results:  # what the rank alone holds (the docstring says why)
+            r["peak_rss_mb"] = float(r["peak_rss_mb"]) - float(r.get("peer_shared_mb", 0))
+        return {key: max(float(r.get(key, 0)) for r in results)
+                for key in ("tokens_per_s", "step_extra_mb", "construction_extra_mb", "peak_rss_mb", "base_mb",
+                            "peer_shared_mb")}
+
+    def median(values):
+        values = sorted(values)
+        middle = len(values) // 2
+        return values[middle] if len(values) % 2 else (values[middle - 1] + values[middle]) / 2
 
     modes = [("DDP", ["--parallel", "ddp"]), ("FSDP", ["--parallel", "fsdp"]),
              ("FSDP + activation checkpointing", ["--parallel", "fsdp", "--activation-checkpointing"])]
-    figures = {}
-    for label, flags in modes:
-        for side in ("ddp", "torch"):
-            figures[(label, side)] = run(side, flags)
+    runs = {}
+    for round_index in range(args.rounds):
+        for label, flags in modes:
+            for side in ("ddp", "torch"):
+                runs.setdefault((label, side), []).append(run(side, flags))
+    figures = {where: {key: median([r[key] for r in rs]) for key in rs[0]} for where, rs in runs.items()}
+    for label, _ in modes:
+        print("# %s tokens/s per round: ddp %s, PyTorch %s; ddp's resident set also held %.0f MB of the peer's "
+              "shared buffers (not counted below)"
+              % (label, " ".join("%.0f" % r["tokens_per_s"] for r in runs[(label, "ddp")]),
+                 " ".join("%.0f" % r["tokens_per_s"] for r in runs[(label, "torch")]),
+                 figures[(label, "ddp")]["peer_shared_mb"]))
 
     def ratio(ours, theirs):
         return "%.2f" % (ours / theirs) if theirs > 0 else "n/a"

@@ -25,6 +25,7 @@
 #include <sys/stat.h>
 
 #include <algorithm>
+#include <cctype>
 #include <chrono>
 #include <cstdio>
 #include <cstdlib>
@@ -292,6 +293,33 @@ double status_mb(const char* key) {
     }
   }
   return 0;
+}
+
+// The resident pages of other ranks' shared buffers that this process maps
+// (ddp's buckets and shards on one host: /dev/shm/ddp-<key>-<rank>-<id>,
+// Note [Shared buffers]), in MB: the peer's own resident set counts them
+// too, so a rank's resident set less them is what it alone holds.
+double peer_shared_mb(int rank) {
+  std::ifstream in("/proc/self/smaps");
+  std::string line;
+  bool peer = false;
+  double kb = 0;
+  while (std::getline(in, line)) {
+    const char first = line.empty() ? ' ' : line[0];
+    if (std::isdigit(static_cast<unsigned char>(first)) || (first >= 'a' && first <= 'f')) {
+      // A mapping's first line ("7f..-7f.. rw-s ... /dev/shm/ddp-..."); its
+      // fields ("Rss:   1024 kB") follow.
+      const auto name = line.find(" /dev/shm/ddp-");
+      int owner = -1;
+      unsigned long long key = 0;
+      long long id = 0;
+      peer = name != std::string::npos &&
+             std::sscanf(line.c_str() + name, " /dev/shm/ddp-%llx-%d-%lld", &key, &owner, &id) == 3 && owner != rank;
+    } else if (peer && line.rfind("Rss:", 0) == 0) {
+      kb += std::stod(line.substr(4));
+    }
+  }
+  return kb / 1024.0;
 }
 
 void reset_peak() {
@@ -640,13 +668,13 @@ int run(const Flags& flags) {
     std::snprintf(line, sizeof(line),
                   "gpt_result impl=ddp rank=%d world=%d parallel=%s ac=%d meta=%d layers=%lld embd=%lld block=%lld "
                   "batch=%lld params=%lld tokens_per_s=%.1f step_extra_mb=%.0f construction_extra_mb=%.0f "
-                  "peak_rss_mb=%.0f base_mb=%.0f",
+                  "peak_rss_mb=%.0f base_mb=%.0f peer_shared_mb=%.0f",
                   rank, size, flags.parallel.c_str(), flags.activation_checkpointing ? 1 : 0, flags.meta_init ? 1 : 0,
                   static_cast<long long>(flags.layers), static_cast<long long>(flags.embd),
                   static_cast<long long>(flags.block), static_cast<long long>(flags.batch),
                   static_cast<long long>(parameters),
                   timed_steps > 0 ? static_cast<double>(timed_steps * global * flags.block) / timed_seconds : 0.0,
-                  step_extra_mb, construction_extra_mb, training_peak_mb, base_mb);
+                  step_extra_mb, construction_extra_mb, training_peak_mb, base_mb, peer_shared_mb(rank));
     std::printf("%s\n", line);
     std::fflush(stdout);
   }
