@@ -23,8 +23,8 @@ which is printed. Then checks that:
 Flags after `--` go to the program, which also gets --checkpoint-dir and
 --checkpoint-every, and resumes by itself from the checkpoint that the
 directory's `latest` names. Checkpoint files and directories are named
-epoch-* (mnist_train) or step-* (gpt_train). --launcher torchrun runs `--torchrun CMD` (default:
-torchrun on PATH) with --max-restarts. Prints one line per fault and, last,
+epoch-* (mnist_train) or step-* (gpt_train). --launcher torchrun runs
+`--torchrun CMD` (default: torchrun on PATH) with --max-restarts. Prints one line per fault and, last,
 "chaos: seed S: N faults, final parameters equal to the uninterrupted
 run's (checksum X)" or what went wrong; exits 0 only when every check holds.
 Exits 77 when --launcher torchrun cannot run. The program's output is in

@@ -26,11 +26,12 @@ std::string snapshot_name(int64_t completed_steps) {
 
 int64_t read_latest(const std::string& dir) {
   const std::string path = dir + "/" + kLatest;
+  std::error_code missing;
+  if (!std::filesystem::exists(path, missing)) {
+    return -1;
+  }
   std::ifstream in(path);
   if (!in) {
-    if (errno == ENOENT) {
-      return -1;
-    }
     throw file_error(path, std::string("cannot read it: ") + std::strerror(errno));
   }
   std::string line, name;
