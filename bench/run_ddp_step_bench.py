@@ -22,6 +22,8 @@ ddp_step_bench.cpp) it launches these runs, 2 ranks each:
   gloo        ddprun ... BUILD_DIR/bench/ddp_step_bench --mode ddp (ddp's Gloo backend)
   gloo-view   the same with --gradient-as-bucket-view 1
   gloo-tcp    gloo with DDP_GLOO_SHM=0: the buckets over TCP, not shared memory
+  gloo-buckets gloo with DDP_CROSS_MEMORY=0: the gradients copied into the shared
+              buckets and back, not read where they lie
   torch       ddprun ... PYTHON bench/ddp_step_bench.py --mode ddp
               (torch.nn.parallel.DistributedDataParallel, Gloo; current PyTorch)
   torch-local ddprun ... PYTHON bench/ddp_step_bench.py --mode local
@@ -64,7 +66,7 @@ import bench_common
 HERE = os.path.dirname(os.path.abspath(__file__))
 WORLD_SIZE = 2
 MODELS = ("toy", "mlp")
-ALL_SIDES = ("mpi", "mpi-view", "local-mpi", "gloo", "gloo-view", "gloo-tcp", "torch",
+ALL_SIDES = ("mpi", "mpi-view", "local-mpi", "gloo", "gloo-view", "gloo-tcp", "gloo-buckets", "torch",
              "torch-local", "torch-old", "local")
 # (model, side, the side it is compared with, the highest acceptable ratio).
 TARGETS = (
@@ -138,6 +140,9 @@ def side_commands(args, model, env):
     tcp_env = dict(env)
     tcp_env["DDP_GLOO_SHM"] = "0"
     sides["gloo-tcp"] = (launch + [bench, "--model", model, "--mode", "ddp"], tcp_env)
+    buckets_env = dict(env)
+    buckets_env["DDP_CROSS_MEMORY"] = "0"
+    sides["gloo-buckets"] = (launch + [bench, "--model", model, "--mode", "ddp"], buckets_env)
     script = os.path.join(HERE, "ddp_step_bench.py")
     sides["torch"] = (launch + [args.python, script, "--model", model, "--mode", "ddp"], env)
     sides["torch-local"] = (launch + [args.python, script, "--model", model, "--mode", "local"],
@@ -215,9 +220,10 @@ def main():
                  "; exited with code %s after printing its figures" % ",".join(exits)
                  if exits else ""))
 
-    ours = [side for side in ("mpi", "mpi-view", "gloo", "gloo-view", "gloo-tcp") if side in sides]
+    ours = [side for side in ("mpi", "mpi-view", "gloo", "gloo-view", "gloo-tcp", "gloo-buckets")
+            if side in sides]
     baseline = {"mpi": "local-mpi", "mpi-view": "local-mpi", "gloo": "local", "gloo-view": "local",
-                "gloo-tcp": "local"}
+                "gloo-tcp": "local", "gloo-buckets": "local"}
     to_torch = [side for side in ours if "torch" in sides]
     to_local = [side for side in ours if baseline[side] in sides]
     local_pair = "local" in sides and "torch-local" in sides

@@ -26,6 +26,8 @@ ddp_add_part(ddp_comm
   src/comm/contiguous_arguments.cpp
   src/comm/reduce_kernels.cpp
   src/comm/shm/shared_buffers.cpp
+  src/comm/shm/cross_memory.cpp
+  src/comm/reduce_targets.cpp
   src/comm/init.cpp
   src/comm/rendezvous_arrival.cpp
   src/comm/slurm_env.cpp
@@ -37,6 +39,11 @@ ddp_add_part(ddp_comm
 # files): compiling one costs ~22 s of CPU, and the README's first command
 # waits for each.
 target_precompile_headers(ddp_comm PRIVATE <ATen/ATen.h>)
+# Note [Gradients read where they lie]: a product and a sum must not fuse
+# into one FMA (the bits must be the TCP path's), so this file is compiled on
+# its own with contraction off.
+set_source_files_properties(src/comm/shm/cross_memory.cpp PROPERTIES
+  COMPILE_OPTIONS -ffp-contract=off SKIP_UNITY_BUILD_INCLUSION ON)
 
 include(src/comm/gloo/gloo.cmake)
 include(src/comm/nccl/nccl.cmake)

@@ -4,6 +4,7 @@
 
 #include <numeric>
 
+#include "comm/reduce_targets.h"
 #include "internal/check.h"
 
 namespace ddp {
@@ -30,6 +31,19 @@ at::Tensor ProcessGroup::allocate_collective_buffer(int64_t numel, const at::Ten
   DDP_CHECK(numel >= 0, rank_prefix(), " allocate_collective_buffer: numel must not be negative (got ",
             numel, ")");
   return at::zeros({numel}, options);
+}
+
+std::shared_ptr<Work> ProcessGroup::reduce_gradients(const at::Tensor& buffer, std::vector<ReduceTarget> gradients,
+                                                     double scale, std::chrono::milliseconds timeout) {
+  auto checked =
+      internal::checked_reduce_targets(buffer, std::move(gradients), rank_prefix() + " reduce_gradients");
+  internal::scale_into(buffer, checked, scale);
+  AllreduceOptions options;
+  options.timeout = timeout;
+  return allreduce(buffer, options)->then([buffer, checked](const std::vector<at::Tensor>&) {
+    internal::copy_to_targets(buffer, checked);
+    return std::vector<at::Tensor>{buffer};
+  });
 }
 
 std::shared_ptr<Work> ProcessGroup::alltoall(const std::vector<at::Tensor>& outputs,

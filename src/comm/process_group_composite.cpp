@@ -91,6 +91,12 @@ std::shared_ptr<Work> CompositeProcessGroup::allreduce_coalesced(
   return route("allreduce_coalesced", tensors).allreduce_coalesced(tensors, options);
 }
 
+std::shared_ptr<Work> CompositeProcessGroup::reduce_gradients(const at::Tensor& buffer,
+                                                              std::vector<ReduceTarget> gradients, double scale,
+                                                              std::chrono::milliseconds timeout) {
+  return route("reduce_gradients", {buffer}).reduce_gradients(buffer, std::move(gradients), scale, timeout);
+}
+
 std::shared_ptr<Work> CompositeProcessGroup::broadcast(const at::Tensor& tensor,
                                                        const BroadcastOptions& options) {
   return route("broadcast", {tensor}).broadcast(tensor, options);

@@ -88,6 +88,13 @@ inline constexpr EnvVar kEnvGlooShm{"DDP_GLOO_SHM", "1",
     "buckets, FSDP's shards) in shared memory and reduces them there, without messages (Note "
     "[Shared buffers]); 0: every collective goes through Gloo's TCP connections. Read when a "
     "group is created; a rank with 0 turns it off for its whole group."};
+inline constexpr EnvVar kEnvCrossMemory{"DDP_CROSS_MEMORY", "1",
+    "1: where a Gloo group shares buffers on one host (DDP_GLOO_SHM), DDP's built-in allreduce "
+    "reads each peer's gradients where they lie (Linux cross-memory attach, process_vm_readv) "
+    "instead of copying them into the bucket and back (Note [Gradients read where they lie]); "
+    "0: the bucket copies. Read when a group first allocates a shared buffer; a rank with 0, or "
+    "one that may not read its peers' memory (ptrace rules, seccomp), turns it off for its whole "
+    "group."};
 inline constexpr EnvVar kEnvSocketIfname{"DDP_SOCKET_IFNAME", nullptr,
     "Network interface Gloo binds to (e.g. eth0). Default: the interface that reaches MASTER_ADDR."};
 inline constexpr EnvVar kEnvGlooSocketIfname{"GLOO_SOCKET_IFNAME", nullptr,

@@ -526,12 +526,16 @@ void Reducer::mark_variable_ready(size_t index) {
       allocate_bucket(bucket, false); // Note [Released buckets]
     }
     at::Tensor& view = bucket.views[locator.intra_bucket_index];
+    bucket.in_place.resize(bucket.views.size());
+    bucket.in_place[locator.intra_bucket_index] = at::Tensor();
     if (shadowing_ || !grad.defined()) {
       view.zero_();
     } else if (config_.gradient_as_bucket_view && !release && grad.is_alias_of(view)) {
       if (divides_on_copy()) {
         view.div_(group_->size());
       }
+    } else if (takes_in_place(bucket, index, grad)) {
+      bucket.in_place[locator.intra_bucket_index] = grad; // Note [Gradients in place]
     } else {
       copy_into_view(grad, view);
       if (release) {
@@ -613,12 +617,63 @@ void Reducer::launch_bucket(size_t bucket_index, const at::Tensor& buffer) {
   bucket.launch_ms = timer_.ms_since(IterationTimer::Event::kBackwardStart);
   // Note [Built-in allreduce]: a dense bucket was divided on its way in.
   internal::CollectiveLabel label(c10::str("DDP gradient bucket ", bucket_index));
-  auto work = builtin_hook_ && !bucket.sparse
-      ? (group_->size() > 1 ? group_->allreduce(buffer) : Work::completed({buffer}))
-      : comm_hook_(*group_, grad_bucket);
+  std::shared_ptr<Work> work;
+  if (builtin_hook_ && !bucket.sparse) {
+    auto gradients = gradients_in_place(bucket, buffer);
+    work = group_->size() == 1 ? Work::completed({buffer})
+        : gradients.empty()    ? group_->allreduce(buffer)
+                               : group_->reduce_gradients(buffer, std::move(gradients),
+                                                          1.0 / static_cast<double>(group_->size()));
+  } else {
+    work = comm_hook_(*group_, grad_bucket);
+  }
   DDP_CHECK(work != nullptr, who(), ": the communication hook returned no Work for bucket ",
             bucket_index);
   bucket.work = std::move(work);
+}
+
+// Note [Gradients in place]: without gradient_as_bucket_view, each
+// gradient is copied into its bucket (times 1 / world size) and the reduced
+// bucket back into the gradient. When the group can read the gradients
+// where they lie (ProcessGroup::reduces_gradients_in_place: Gloo on one
+// host, Note [Gradients read where they lie] in cross_memory.cpp), neither
+// copy is made: mark-ready records the gradient in its bucket's
+// `in_place`, and the bucket goes to ProcessGroup::reduce_gradients with
+// those gradients, which reads them in every rank and writes the result into
+// them. A gradient that the group cannot take so is copied as before, and
+// the bucket holds it; the group does the same wherever it falls back.
+// Write-back then has nothing to copy for the gradients in place, but bumps
+// their version counters, as the copy did. Only gradients that the copy
+// at write-back would have filled in exactly that way are taken: dense,
+// contiguous, on the CPU, of the bucket's dtype, not requiring grad
+// (create_graph), of a parameter this rank used (whose gradient the usage
+// map cannot leave as it was), and with the built-in allreduce only.
+bool Reducer::takes_in_place(const Bucket& bucket, size_t index, const at::Tensor& grad) const {
+  const at::Tensor& view = bucket.views[locators_[index].intra_bucket_index];
+  if (!builtin_hook_ || group_->size() == 1 || config_.gradient_as_bucket_view || releases_buckets() ||
+      shadowing_ || !used_since_sync_[index] || !group_->reduces_gradients_in_place()) {
+    return false;
+  }
+  if (config_.static_graph && static_usage_.defined() && static_usage_.data_ptr<int>()[index] == 0) {
+    return false;
+  }
+  return grad.defined() && grad.layout() == at::kStrided && grad.is_cpu() && !grad.requires_grad() &&
+         grad.scalar_type() == view.scalar_type() && grad.is_contiguous() && grad.numel() == view.numel() &&
+         !grad.is_inference() && !grad.is_alias_of(bucket.buffer);
+}
+
+std::vector<ReduceTarget> Reducer::gradients_in_place(const Bucket& bucket, const at::Tensor& buffer) const {
+  std::vector<ReduceTarget> gradients;
+  if (shadowing_ || !buffer.is_same(bucket.buffer)) {
+    return gradients;
+  }
+  const int64_t base = bucket.buffer.storage_offset();
+  for (size_t k = 0; k < bucket.in_place.size(); ++k) {
+    if (bucket.in_place[k].defined()) {
+      gradients.push_back(ReduceTarget{bucket.views[k].storage_offset() - base, bucket.in_place[k].view({-1})});
+    }
+  }
+  return gradients;
 }
 
 void Reducer::finalize_backward() {

@@ -138,6 +138,9 @@ class Reducer {
     double ready_ms = 0; // its last gradient ready, as launch_ms after the first
     double launch_ms = 0;
     double done_ms = 0; // its Work's completion, once a released bucket has dropped it
+    // Per variable: this iteration's gradient when it is reduced where it
+    // lies, else undefined (Note [Gradients in place] in reducer.cpp).
+    std::vector<at::Tensor> in_place;
   };
 
   // Where an iteration is. kArmed: forward ran, no gradient yet; kReducing:
@@ -150,6 +153,11 @@ class Reducer {
   void mark_variable_ready(size_t index);
   void launch_ready_buckets();
   void launch_bucket(size_t bucket_index, const at::Tensor& buffer);
+  // Note [Gradients in place]: whether variable `index`'s `grad` is
+  // reduced where it lies, and the gradients of `bucket` that are, for
+  // ProcessGroup::reduce_gradients of `buffer`.
+  bool takes_in_place(const Bucket& bucket, size_t index, const at::Tensor& grad) const;
+  std::vector<ReduceTarget> gradients_in_place(const Bucket& bucket, const at::Tensor& buffer) const;
   std::vector<GradientSpec> gradient_specs() const;
   void write_sparse_gradient(size_t index, const at::Tensor& reduced); // sparse_gradients.cpp
   // reducer_insight.cpp. `finalize_start`: when finalize began waiting for

@@ -134,7 +134,17 @@ void Reducer::write_back_bucket(size_t b, const at::Tensor& usage) {
       grad = at::Tensor();
       continue;
     }
-    if (config_.gradient_as_bucket_view && !release) {
+    const at::Tensor target = k < bucket.in_place.size() ? bucket.in_place[k] : at::Tensor();
+    if (target.defined()) {
+      // Note [Gradients in place] in reducer.cpp: the result is in it.
+      if (grad.is_same(target)) {
+        grad.unsafeGetTensorImpl()->bump_version();
+      } else if (grad.defined()) {
+        grad.copy_(target); // replaced meanwhile
+      } else {
+        grad = target.clone();
+      }
+    } else if (config_.gradient_as_bucket_view && !release) {
       if (!grad.defined() || !grad.is_alias_of(view)) {
         grad = view;
       }
@@ -144,6 +154,7 @@ void Reducer::write_back_bucket(size_t b, const at::Tensor& usage) {
       grad = view.clone();
     }
   }
+  bucket.in_place.clear();
   if (releases_buckets() && !shadowing_) {
     // The Work's result holds the buffer: keep only its completion time.
     bucket.done_ms = timer_.ms_since(IterationTimer::Event::kBackwardStart, bucket.work->completion_time());

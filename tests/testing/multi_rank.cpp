@@ -16,6 +16,7 @@
 #include <stdexcept>
 #include <thread>
 
+#include <ddp/comm/error.h>
 #include <ddp/store/file_store.h>
 #include <ddp/store/hash_store.h>
 #include <ddp/comm/process_group_gloo.h>
@@ -179,6 +180,30 @@ std::vector<ProcessResult> run_processes(
   }
   std::remove(path.c_str());
   return results;
+}
+
+ProcessGroupGloo& as_gloo(const std::shared_ptr<ProcessGroup>& pg) {
+  return dynamic_cast<ProcessGroupGloo&>(*pg);
+}
+
+int survivor_outcome(int rank, int killed, const std::function<void()>& body) {
+  const auto start = std::chrono::steady_clock::now();
+  try {
+    body();
+  } catch (const RemoteError& e) {
+    const double seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+    std::fprintf(stderr, "rank %d after %.2f s: %s\n", rank, seconds, e.what());
+    if (seconds >= 10) {
+      return kNoticedLate;
+    }
+    return std::string(e.what()).find("rank " + std::to_string(killed)) != std::string::npos
+        ? kSawRemoteErrorNamingIt
+        : kSurvivorSawOtherError;
+  } catch (const std::exception& e) {
+    std::fprintf(stderr, "rank %d: %s\n", rank, e.what());
+    return kSurvivorSawOtherError;
+  }
+  return kSurvivorSawNoError;
 }
 
 } // namespace ddp::testing

@@ -16,6 +16,7 @@
 #include <vector>
 
 #include <ddp/comm/process_group.h>
+#include <ddp/comm/process_group_gloo.h>
 #include <ddp/store/store.h>
 
 #include "testing/free_port.h" // free_port(), which the harness's users need
@@ -37,6 +38,9 @@ std::shared_ptr<ProcessGroup> make_gloo_group(
 // A Gloo group of one rank over a fresh HashStore, outside run_threads.
 std::shared_ptr<ProcessGroup> make_gloo_group_of_one();
 
+// A group from make_gloo_group, as what it is (for its Gloo-only methods).
+ProcessGroupGloo& as_gloo(const std::shared_ptr<ProcessGroup>& pg);
+
 // What happened to one forked rank.
 struct ProcessResult {
   int exit_code = -1; // when it exited normally, else -1
@@ -52,5 +56,16 @@ std::vector<ProcessResult> run_processes(
     int world_size,
     const std::function<int(int rank, std::shared_ptr<Store> store)>& fn,
     std::chrono::milliseconds deadline);
+
+// How a rank that outlives a killed peer ended, as its exit code for
+// run_processes: `survivor_outcome` runs `body` (collectives that the kill
+// breaks) and returns kSawRemoteErrorNamingIt for a RemoteError that names
+// "rank <killed>" within 10 s, kNoticedLate for one after that,
+// kSawOtherError for any other error (printed), kNoError if none came.
+constexpr int kSawRemoteErrorNamingIt = 11;
+constexpr int kSurvivorSawOtherError = 12;
+constexpr int kSurvivorSawNoError = 13;
+constexpr int kNoticedLate = 14;
+int survivor_outcome(int rank, int killed, const std::function<void()>& body);
 
 } // namespace ddp::testing

@@ -59,6 +59,14 @@ struct PointToPointOp {
   int tag = 0;
 };
 
+/// A tensor that stands for a range of a buffer in
+/// `ProcessGroup::reduce_gradients`: the `target.numel()` elements from
+/// element `offset` on.
+struct ReduceTarget {
+  int64_t offset = 0;
+  at::Tensor target;
+};
+
 class ProcessGroup {
  public:
   ProcessGroup(int rank, int size, std::chrono::milliseconds timeout);
@@ -98,6 +106,34 @@ class ProcessGroup {
   virtual std::shared_ptr<Work> allreduce_coalesced(
       const std::vector<at::Tensor>& tensors,
       const AllreduceOptions& options = {}) = 0;
+
+  /// DistributedDataParallel's built-in allreduce of one bucket. `buffer`:
+  /// a contiguous 1-D CPU tensor; `gradients`: ranges of it, each with the
+  /// contiguous CPU tensor of the buffer's dtype that stands for it, apart
+  /// from the buffer's memory and from each other, the ranges not
+  /// overlapping. Each rank's input is its buffer, except over its
+  /// gradients' ranges, where it is the gradient times `scale` (rounded as
+  /// `at::mul` by a scalar rounds it). The sum over the ranks goes into the
+  /// gradients, and into the buffer outside their ranges; inside them the
+  /// buffer's contents are unspecified. The Work's result is `{buffer}`. A
+  /// collective as `allreduce(buffer)` is, and interchangeable with it: a
+  /// rank may call that where the others call this (the gradients may
+  /// differ by rank). The default multiplies the gradients into the buffer,
+  /// runs `allreduce`, and copies the result back on the thread that
+  /// completes it; Gloo on one host reads the peers' gradients where they
+  /// lie (see `reduces_gradients_in_place`).
+  virtual std::shared_ptr<Work> reduce_gradients(const at::Tensor& buffer, std::vector<ReduceTarget> gradients,
+                                                 double scale,
+                                                 std::chrono::milliseconds timeout = kUseGroupTimeout);
+  /// Whether `reduce_gradients` reads the gradients where they lie rather
+  /// than from the buffer, so that a caller need not copy them into it:
+  /// Gloo when its ranks share one host and may read each other's memory
+  /// (`DDP_CROSS_MEMORY`), known once the group has allocated a shared
+  /// buffer. False by default.
+  virtual bool reduces_gradients_in_place() const {
+    return false;
+  }
+
 
   /// Copies the root's `tensor` into `tensor` on every other rank.
   virtual std::shared_ptr<Work> broadcast(

@@ -49,6 +49,9 @@ class CompositeProcessGroup : public ProcessGroup {
   std::shared_ptr<Work> allreduce(const at::Tensor& tensor, const AllreduceOptions& options = {}) override;
   std::shared_ptr<Work> allreduce_coalesced(
       const std::vector<at::Tensor>& tensors, const AllreduceOptions& options = {}) override;
+  std::shared_ptr<Work> reduce_gradients(const at::Tensor& buffer, std::vector<ReduceTarget> gradients,
+                                         double scale,
+                                         std::chrono::milliseconds timeout = kUseGroupTimeout) override;
   std::shared_ptr<Work> broadcast(const at::Tensor& tensor, const BroadcastOptions& options = {}) override;
   std::shared_ptr<Work> reduce(const at::Tensor& tensor, const ReduceOptions& options = {}) override;
   std::shared_ptr<Work> allgather(

@@ -57,6 +57,7 @@ struct GlooSharedMemoryStats {
   int64_t bytes = 0;      ///< bytes of all that were allocated, this rank's own
   int64_t allreduces = 0; ///< allreduces that went through shared memory
   int64_t allgathers = 0; ///< allgather_into_tensor calls that did
+  int64_t direct = 0;     ///< of the allreduces, reduce_gradients calls that read the peers' gradients where they lie
 };
 
 /// A ProcessGroup over Gloo.
@@ -95,6 +96,12 @@ class ProcessGroupGloo : public ProcessGroup {
   std::shared_ptr<Work> allreduce(const at::Tensor& tensor, const AllreduceOptions& options = {}) override;
   std::shared_ptr<Work> allreduce_coalesced(
       const std::vector<at::Tensor>& tensors, const AllreduceOptions& options = {}) override;
+  /// See ProcessGroup: on one host, the peers' gradients are read where
+  /// they lie; otherwise they go through the buffer.
+  std::shared_ptr<Work> reduce_gradients(const at::Tensor& buffer, std::vector<ReduceTarget> gradients,
+                                         double scale,
+                                         std::chrono::milliseconds timeout = kUseGroupTimeout) override;
+  bool reduces_gradients_in_place() const override;
   std::shared_ptr<Work> broadcast(const at::Tensor& tensor, const BroadcastOptions& options = {}) override;
   std::shared_ptr<Work> reduce(const at::Tensor& tensor, const ReduceOptions& options = {}) override;
   std::shared_ptr<Work> allgather(
@@ -133,6 +140,12 @@ class ProcessGroupGloo : public ProcessGroup {
       const at::Tensor& tensor, int src_rank, const PointToPointOptions& options = {}) override;
 
  private:
+  // allreduce_coalesced of dense tensors; with `gradients` (one tensor),
+  // reduce_gradients.
+  std::shared_ptr<Work> allreduce_dense(const std::vector<at::Tensor>& tensors, const AllreduceOptions& options,
+                                        std::shared_ptr<const std::vector<ReduceTarget>> gradients,
+                                        double scale);
+
   class Impl;
   std::unique_ptr<Impl> impl_;
 };

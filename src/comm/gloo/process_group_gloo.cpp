@@ -61,6 +61,7 @@
 #include "comm/host_staging.h"
 #include "comm/gloo/sigpipe_guard.h"
 #include "comm/reduce_kernels.h"
+#include "comm/reduce_targets.h"
 #include "internal/check.h"
 
 namespace ddp {
@@ -172,6 +173,28 @@ std::shared_ptr<Work> ProcessGroupGloo::allreduce_coalesced(
           return std::vector<at::Tensor>{tensor};
         });
   }
+  return allreduce_dense(tensors, options, nullptr, 1.0);
+}
+
+std::shared_ptr<Work> ProcessGroupGloo::reduce_gradients(const at::Tensor& buffer, std::vector<ReduceTarget> gradients,
+                                                         double scale, std::chrono::milliseconds timeout) {
+  auto checked =
+      internal::checked_reduce_targets(buffer, std::move(gradients), rank_prefix() + " reduce_gradients");
+  AllreduceOptions options;
+  options.timeout = timeout;
+  return allreduce_dense({buffer}, options, std::make_shared<const std::vector<ReduceTarget>>(std::move(checked)),
+                         scale);
+}
+
+bool ProcessGroupGloo::reduces_gradients_in_place() const {
+  return impl_->shared()->cross_memory();
+}
+
+std::shared_ptr<Work> ProcessGroupGloo::allreduce_dense(const std::vector<at::Tensor>& tensors,
+                                                        const AllreduceOptions& options,
+                                                        std::shared_ptr<const std::vector<ReduceTarget>> gradients,
+                                                        double scale) {
+  const std::string who = rank_prefix() + " allreduce";
   internal::check_coalesced(tensors, who, kGlooRules);
   // Stand-ins for non-contiguous tensors: Note [Non-contiguous arguments].
   internal::ContiguousArguments args;
@@ -193,19 +216,39 @@ std::shared_ptr<Work> ProcessGroupGloo::allreduce_coalesced(
   internal::shm::SharedBuffers* shared = impl_->shared(); // outlives the task
   return impl_->enqueue(
       std::move(fingerprint), resolve_timeout(options.timeout), args.keep(dense),
-      args.wrap([tensors = dense, kernel, op, size, context, try_shared, shared](
+      args.wrap([tensors = dense, kernel, op, size, context, try_shared, shared, targets = gradients, scale](
                     uint32_t tag, std::chrono::milliseconds timeout) {
         // Note [Shared buffers]: every rank asks whether they all pass the
-        // same range of one shared buffer once the group has any.
+        // same range of one shared buffer once the group has any, and
+        // whether they all offer gradients to read where they lie (Note
+        // [Gradients read where they lie]).
         if (try_shared && shared->any_allocated()) {
           const auto where =
               tensors.size() == 1 ? shared->locate(tensors[0]) : internal::shm::SharedLocation{};
           internal::GlooCoordinator coordinator(context, tag, timeout);
-          if (shared->agree(coordinator, where, static_cast<int64_t>(tensors[0].nbytes()))) {
-            shared->allreduce(coordinator, tensors[0], where, kernel, op == ReduceOp::kAvg,
-                              internal::shm::ReduceOrder::kGlooRing);
+          bool direct = false;
+          bool any_gradients = false;
+          const bool same =
+              shared->agree(coordinator, where, static_cast<int64_t>(tensors[0].nbytes()),
+                            targets ? shared->direct_offer(tensors[0], *targets) : -1, &direct, &any_gradients);
+          if (direct && shared->reduce_direct(coordinator, tensors[0], *targets, scale)) {
             return tensors;
           }
+          if (same) {
+            if (any_gradients) {
+              // Each rank's gradients into its buffer before any peer reads it.
+              if (targets) {
+                internal::scale_into(tensors[0], *targets, scale);
+              }
+              coordinator.barrier();
+            }
+            shared->allreduce(coordinator, tensors[0], where, kernel, op == ReduceOp::kAvg,
+                              internal::shm::ReduceOrder::kGlooRing, targets.get());
+            return tensors;
+          }
+        }
+        if (targets) {
+          internal::scale_into(tensors[0], *targets, scale);
         }
         internal::HostStaging staging;
         // One tensor is reduced in place; several are packed into one buffer
@@ -240,6 +283,9 @@ std::shared_ptr<Work> ProcessGroupGloo::allreduce_coalesced(
         }
         if (tensors.size() == 1) {
           staging.copy_back();
+          if (targets) {
+            internal::copy_to_targets(tensors[0], *targets);
+          }
         } else {
           int64_t offset = 0;
           for (const auto& t : tensors) {
@@ -410,7 +456,7 @@ bool ProcessGroupGloo::is_shared_buffer(const at::Tensor& tensor) const {
 
 GlooSharedMemoryStats ProcessGroupGloo::shared_memory_stats() const {
   const auto stats = impl_->shared()->stats();
-  return {stats.buffers, stats.bytes, stats.allreduces, stats.allgathers};
+  return {stats.buffers, stats.bytes, stats.allreduces, stats.allgathers, stats.direct};
 }
 
 std::shared_ptr<Work> ProcessGroupGloo::gather(const std::vector<at::Tensor>& outputs,

@@ -52,6 +52,10 @@ inline int64_t shared_memory_wanted(const ProcessGroupGlooOptions& options) {
   const std::string value = env_get(kEnvGlooShm).value_or("1");
   DDP_CHECK(value == "0" || value == "1", "ProcessGroupGloo: DDP_GLOO_SHM must be 0 or 1 (got '", value,
             "'): 1 reduces large buffers in shared memory when the ranks share a host, 0 never does");
+  const std::string cross = env_get(kEnvCrossMemory).value_or("1");
+  DDP_CHECK(cross == "0" || cross == "1", "ProcessGroupGloo: DDP_CROSS_MEMORY must be 0 or 1 (got '", cross,
+            "'): 1 lets DDP's allreduce read the peers' gradients where they lie when the ranks share a host, "
+            "0 copies them through the buckets");
   return value == "0" ? -1 : options.shared_memory_min_bytes();
 }
 

@@ -20,6 +20,7 @@
 #include <mutex>
 #include <random>
 
+#include "comm/reduce_targets.h"
 #include "internal/check.h"
 #include "internal/env.h"
 #include "internal/logging.h"
@@ -149,7 +150,9 @@ int64_t host_identity() {
   return static_cast<int64_t>(std::hash<std::string>{}(text) >> 1);
 }
 
-// Tests only: DDP_TEST_SHM_KILL_AT=<point>:<rank> kills this process there.
+
+} // namespace
+
 void test_kill_point(const char* point, int rank) {
   // Read each time: a forked test rank sets it after its parent has run.
   const std::optional<std::string> chosen = env_get(kEnvTestShmKillAt);
@@ -173,13 +176,6 @@ size_t ring_chunk_bytes(size_t total, size_t element, int size, size_t max_segme
   const size_t segment = round_up((total + segments - 1) / segments, element);
   return segments / n * segment;
 }
-
-// Gloo's AllreduceOptions::kMaxSegmentSize, which the ring cuts by. The
-// shared path's test compares its bits with the ring's on every build, so a
-// Gloo that cut differently would show.
-constexpr size_t kGlooMaxSegmentBytes = 1024 * 1024;
-
-} // namespace
 
 SharedBuffers::SharedBuffers(std::string who, std::string backend, int rank, int size)
     : who_(std::move(who)),
@@ -215,6 +211,7 @@ void SharedBuffers::learn_hosts(Coordinator& coordinator) {
   local_ = ranks_of[values[rank_]];
   if (hosts.size() == 1) {
     sharing_ = true;
+    probe_cross_memory(coordinator);
     return;
   }
   const size_t per_host = local_.size();
@@ -331,6 +328,7 @@ SharedStats SharedBuffers::stats() const {
   stats.bytes = allocated_bytes_;
   stats.allreduces = allreduces_;
   stats.allgathers = allgathers_;
+  stats.direct = direct_;
   return stats;
 }
 
@@ -366,33 +364,65 @@ SharedLocation SharedBuffers::locate_gather_input(const at::Tensor& input, const
   return output.is_cpu() && apart ? locate(input) : SharedLocation{};
 }
 
-bool SharedBuffers::agree(Coordinator& coordinator, const SharedLocation& where, int64_t bytes) const {
+bool SharedBuffers::agree(Coordinator& coordinator, const SharedLocation& where, int64_t bytes, int64_t direct,
+                          bool* direct_agreed, bool* any_gradients) const {
   // (v, -v) under MAX: every rank learns the largest and the smallest v.
-  int64_t values[6] = {where.id, where.offset, bytes, -where.id, -where.offset, -bytes};
-  coordinator.max(values, 6);
-  return values[0] >= 0 && values[0] == -values[3] && values[1] == -values[4] &&
-         values[2] == -values[5];
+  int64_t values[8] = {where.id, where.offset, bytes, direct, -where.id, -where.offset, -bytes, -direct};
+  coordinator.max(values, 8);
+  if (direct_agreed != nullptr) {
+    *direct_agreed = values[3] >= 0 && values[3] == -values[7];
+  }
+  if (any_gradients != nullptr) {
+    *any_gradients = values[3] != -1; // the largest offer: some rank passed gradients
+  }
+  return values[0] >= 0 && values[0] == -values[4] && values[1] == -values[5] &&
+         values[2] == -values[6];
 }
 
+// Note [Reduced into targets]
+// ProcessGroup::reduce_gradients, when it goes through the buffer (Note
+// [Gradients read where they lie] could not take it), wants the result in
+// the gradients besides the buffer. Reducing in place and copying the
+// buffer into them afterwards would write this rank's share into the
+// buffer and read it back from memory. Instead each piece of the share is
+// reduced into a scratch piece that stays in cache, copied from there into
+// the peers' buffers, into the targets, and into this rank's own buffer only
+// where no target covers it. After the closing barrier the peers' shares,
+// which they wrote into this rank's buffer, are copied into the targets.
+// The buffer then holds the result outside the targets, as reduce_gradients
+// promises, and the bits are those of the plain allreduce: each kernel call
+// has the same operands in the same places, only its output is elsewhere.
+// The multi-host form reduces in place and copies afterwards.
+
 void SharedBuffers::allreduce(Coordinator& coordinator, const at::Tensor& flat, const SharedLocation& where,
-                              const ReduceKernel& kernel, bool average, ReduceOrder order) const {
+                              const ReduceKernel& kernel, bool average, ReduceOrder order,
+                              const std::vector<ReduceTarget>* targets) const {
   // `agree` was the first barrier: every rank's buffer holds its input.
   std::atomic_thread_fence(std::memory_order_seq_cst);
   ++allreduces_;
   test_kill_point("agreed", rank_);
+  std::pair<int64_t, int64_t> done{0, 0}; // the range already in the targets
   if (multi_host()) {
     reduce_multi_host(coordinator, where, flat.numel(), flat.element_size(), kernel, average, flat);
   } else {
-    reduce_one_host(where, flat.numel(), flat.element_size(), kernel, average, flat, order);
+    done = reduce_one_host(where, flat.numel(), flat.element_size(), kernel, average, flat, order, targets);
   }
   std::atomic_thread_fence(std::memory_order_seq_cst);
   coordinator.barrier();
   std::atomic_thread_fence(std::memory_order_seq_cst);
+  if (targets != nullptr && !targets->empty()) {
+    const auto* own = static_cast<const uint8_t*>(flat.data_ptr());
+    const size_t element = flat.element_size();
+    copy_to_targets(own, 0, done.first, element, *targets, nullptr);
+    copy_to_targets(own + static_cast<size_t>(done.second) * element, done.second, flat.numel(), element,
+                    *targets, nullptr);
+  }
 }
 
-void SharedBuffers::reduce_one_host(const SharedLocation& where, int64_t count, size_t element,
-                                    const ReduceKernel& kernel, bool average, const at::Tensor& flat,
-                                    ReduceOrder order) const {
+std::pair<int64_t, int64_t> SharedBuffers::reduce_one_host(const SharedLocation& where, int64_t count,
+                                                           size_t element, const ReduceKernel& kernel,
+                                                           bool average, const at::Tensor& flat, ReduceOrder order,
+                                                           const std::vector<ReduceTarget>* targets) const {
   int64_t begin = 0;
   int64_t length = 0;
   if (order == ReduceOrder::kGlooRing) {
@@ -409,23 +439,31 @@ void SharedBuffers::reduce_one_host(const SharedLocation& where, int64_t count, 
     return where.mapping->bases[r] + where.offset + static_cast<size_t>(begin) * element;
   };
   const int64_t piece = std::max<int64_t>(1, kPieceBytes / static_cast<int64_t>(element));
+  const bool into = targets != nullptr && !targets->empty(); // Note [Reduced into targets]
   thread_local std::vector<uint8_t> scratch;
+  thread_local std::vector<uint8_t> result;
   if (order == ReduceOrder::kGlooRing && size_ > 2) {
     scratch.resize(static_cast<size_t>(piece) * element);
+  }
+  if (into) {
+    result.resize(static_cast<size_t>(piece) * element);
   }
   for (int64_t done = 0; done < length; done += piece) {
     const int64_t n = std::min(piece, length - done);
     const size_t skip = static_cast<size_t>(done) * element;
     const auto count_n = static_cast<size_t>(n);
     uint8_t* own = at(rank_) + skip;
+    uint8_t* out = into ? result.data() : own;
     if (order == ReduceOrder::kOwnFirst) {
+      const uint8_t* sum = own;
       for (int r = 0; r < size_; ++r) {
         if (r != rank_) {
-          kernel(own, own, at(r) + skip, count_n);
+          kernel(out, sum, at(r) + skip, count_n);
+          sum = out;
         }
       }
     } else if (size_ == 2) {
-      kernel(own, own, at(1 - rank_) + skip, count_n);
+      kernel(out, own, at(1 - rank_) + skip, count_n);
     } else {
       // x_c + (x_{c+1} + (... + (x_{c-2} + x_{c-1}))), c = this rank.
       const auto peer = [&](int k) { return at((rank_ + k) % size_) + skip; };
@@ -434,17 +472,25 @@ void SharedBuffers::reduce_one_host(const SharedLocation& where, int64_t count, 
       for (int k = size_ - 3; k >= 1; --k) {
         kernel(partial, peer(k), partial, count_n);
       }
-      kernel(own, own, partial, count_n);
+      kernel(out, own, partial, count_n);
     }
     if (average) {
-      flat.narrow(0, begin + done, n).div_(size_);
+      if (into) {
+        at::from_blob(out, {n}, flat.options()).div_(size_);
+      } else {
+        flat.narrow(0, begin + done, n).div_(size_);
+      }
     }
     for (int r = 0; r < size_; ++r) {
       if (r != rank_) {
-        std::memcpy(at(r) + skip, own, count_n * element);
+        std::memcpy(at(r) + skip, out, count_n * element);
       }
     }
+    if (into) {
+      copy_to_targets(out, begin + done, begin + done + n, element, *targets, own);
+    }
   }
+  return {begin, begin + length};
 }
 
 void SharedBuffers::reduce_multi_host(Coordinator& coordinator, const SharedLocation& where, int64_t count,

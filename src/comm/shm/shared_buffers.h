@@ -24,7 +24,10 @@
 #include <cstdint>
 #include <memory>
 #include <string>
+#include <utility>
 #include <vector>
+
+#include <ddp/comm/process_group.h>
 
 #include "comm/reduce_kernels.h"
 
@@ -61,7 +64,10 @@ namespace ddp::internal::shm {
 // (v, -v) under MAX, which every rank runs whenever the group has ever
 // allocated a shared buffer and the allreduce is large enough, so that all
 // take the same path). That allreduce is also the first barrier: every rank
-// has finished writing its buffer. Each rank then reduces its share of all
+// has finished writing its buffer (for ProcessGroup::reduce_gradients it
+// also carries each rank's offer to read the gradients where they lie, Note
+// [Gradients read where they lie], and when that is not taken, a second
+// barrier follows the gradients' copy into the buffers). Each rank then reduces its share of all
 // the ranks' buffers into its own, 256 KiB at a time so that a piece is
 // copied while still in cache, and copies the result into the peers'
 // buffers; a closing barrier says every share is done. Each element is
@@ -132,7 +138,20 @@ struct SharedStats {
   int64_t bytes = 0;      // bytes of every allocation that succeeded, this rank's own
   int64_t allreduces = 0; // collectives that went through shared memory
   int64_t allgathers = 0;
+  int64_t direct = 0; // of the allreduces: reduce_direct's
 };
+
+// Tests only: DDP_TEST_SHM_KILL_AT=<point>:<rank> kills this process at
+// `point` when it is rank `rank`.
+void test_kill_point(const char* point, int rank);
+
+// Gloo's ring allreduce cuts a buffer of `total` bytes into chunks, one per
+// rank; returns the chunk's bytes (shared_buffers.cpp says how).
+size_t ring_chunk_bytes(size_t total, size_t element, int size, size_t max_segment);
+// Gloo's AllreduceOptions::kMaxSegmentSize, which the ring cuts by. The
+// shared path's test compares its bits with the ring's on every build, so a
+// Gloo that cut differently would show.
+constexpr size_t kGlooMaxSegmentBytes = 1024 * 1024;
 
 class SharedBuffers {
  public:
@@ -173,14 +192,42 @@ class SharedBuffers {
   SharedLocation locate_gather_input(const at::Tensor& input, const at::Tensor& output) const;
 
   // A collective: whether every rank passed a tensor at the same location
-  // (`where`, of `bytes` bytes).
-  bool agree(Coordinator& coordinator, const SharedLocation& where, int64_t bytes) const;
+  // (`where`, of `bytes` bytes). `direct`: what reduce_direct needs of this
+  // rank (direct_offer's answer: -2 when the caller has gradients it cannot
+  // offer, -1 when it has none); `*direct_agreed`, when given, says whether
+  // every rank offered the same (Note [Gradients read where they lie]), and
+  // `*any_gradients` whether some rank passed gradients.
+  bool agree(Coordinator& coordinator, const SharedLocation& where, int64_t bytes, int64_t direct = -1,
+             bool* direct_agreed = nullptr, bool* any_gradients = nullptr) const;
+
+  // Whether reduce_direct can run (it still needs every rank's offer): the
+  // group is on one host and every rank may read every other's memory.
+  // Known once a buffer has been allocated; any thread.
+  bool cross_memory() const {
+    return cross_memory_;
+  }
+
+  // What this rank offers for reduce_direct of `flat` into `targets`
+  // (ProcessGroup::reduce_gradients'), or -2 when it cannot take part.
+  int64_t direct_offer(const at::Tensor& flat, const std::vector<ReduceTarget>& targets) const;
+
+  // A collective, after `agree` said that every rank offered: every rank's
+  // targets times `scale`, summed over the ranks in Gloo's ring order, into
+  // every rank's targets, read in the peers' memory where it lies (Note
+  // [Gradients read where they lie], cross_memory.cpp). Returns false on
+  // every rank, having changed nothing, when the ranks' layouts differ.
+  bool reduce_direct(Coordinator& coordinator, const at::Tensor& flat, const std::vector<ReduceTarget>& targets,
+                     double scale) const;
 
   // A collective, after `agree` returned true on every rank: reduces `flat`
   // (at `where`) across the ranks with `kernel` in `order` (one host; the
   // multi-host form has its own), then divides by the size when `average`.
+  // With `targets` (ProcessGroup::reduce_gradients', checked and ordered),
+  // the result goes into them too, and this rank's share of it goes
+  // straight there (Note [Reduced into targets]).
   void allreduce(Coordinator& coordinator, const at::Tensor& flat, const SharedLocation& where,
-                 const ReduceKernel& kernel, bool average, ReduceOrder order) const;
+                 const ReduceKernel& kernel, bool average, ReduceOrder order,
+                 const std::vector<ReduceTarget>* targets = nullptr) const;
 
   // A collective, after `agree` returned true on every rank for the input's
   // location `where` (one host only: callers check multi_host()): copies
@@ -194,9 +241,13 @@ class SharedBuffers {
  private:
   // Learns the hosts and rank 0's key (Note [Shared buffers]).
   void learn_hosts(Coordinator& coordinator);
-  void reduce_one_host(const SharedLocation& where, int64_t count, size_t element,
-                       const ReduceKernel& kernel, bool average, const at::Tensor& flat,
-                       ReduceOrder order) const;
+  // Learns the host's ranks' process ids and whether each can read the
+  // others' memory (cross_memory.cpp).
+  void probe_cross_memory(Coordinator& coordinator);
+  // Returns this rank's share, [first, second) in elements.
+  std::pair<int64_t, int64_t> reduce_one_host(const SharedLocation& where, int64_t count, size_t element,
+                                              const ReduceKernel& kernel, bool average, const at::Tensor& flat,
+                                              ReduceOrder order, const std::vector<ReduceTarget>* targets) const;
   void reduce_multi_host(Coordinator& coordinator, const SharedLocation& where, int64_t count,
                          size_t element, const ReduceKernel& kernel, bool average,
                          const at::Tensor& flat) const;
@@ -210,6 +261,8 @@ class SharedBuffers {
   bool sharing_ = false;     // whether this group shares buffers at all
   std::vector<int> local_;   // this host's ranks, ascending
   std::vector<int> column_;  // the ranks with this rank's local index, one per host, ascending
+  std::atomic<bool> cross_memory_{false}; // every rank can read every other's memory (one host only)
+  std::vector<int64_t> pids_; // by rank, with cross_memory_
   bool warned_ = false;
   uint64_t key_ = 0;
   int64_t next_id_ = 0;
@@ -219,6 +272,7 @@ class SharedBuffers {
   std::atomic<int64_t> allocated_bytes_{0};
   mutable std::atomic<int64_t> allreduces_{0};
   mutable std::atomic<int64_t> allgathers_{0};
+  mutable std::atomic<int64_t> direct_{0};
 };
 
 } // namespace ddp::internal::shm

@@ -38,6 +38,12 @@ ddp_add_gtest(collective_mismatch_test SOURCES comm/gloo/collective_mismatch_tes
 # /dev/shm).
 ddp_add_gtest(gloo_shared_buffers_test SOURCES comm/gloo/gloo_shared_buffers_test.cpp
   LIBS ddp_testing LABELS integration TIMEOUT 300)
+# DDP's gradients read where they lie (Note [Gradients read where they
+# lie]): bits equal to the TCP path's on 2, 3 and 4 ranks, fallbacks through
+# the buffer, mixed callers, the opt-out, a rank killed in the middle, and
+# DDP trained to the same bits with and without it.
+ddp_add_gtest(gloo_cross_memory_test SOURCES comm/gloo/gloo_cross_memory_test.cpp
+  LIBS ddp_testing LABELS integration TIMEOUT 300)
 # The same across hosts made of network namespaces: shared within each
 # host, TCP between them; uneven hosts all over TCP.
 add_executable(shm_hosts_main comm/gloo/shm_hosts_main.cpp)

@@ -33,13 +33,10 @@ namespace ddp {
 namespace {
 
 using namespace std::chrono_literals;
+using ddp::testing::as_gloo;
 using ddp::testing::make_gloo_group;
 using ddp::testing::run_processes;
 using ddp::testing::run_threads;
-
-ProcessGroupGloo& gloo(const std::shared_ptr<ProcessGroup>& pg) {
-  return dynamic_cast<ProcessGroupGloo&>(*pg);
-}
 
 // Rank `rank`'s input: values whose reduction rounds differently in
 // different orders, so that a wrong order shows in the bits.
@@ -95,7 +92,7 @@ TEST(GlooSharedBuffers, EveryDtypeAndOpEqualsTheTcpPathBitForBit) {
         for (int64_t bytes : {int64_t{65536 + 3 * 8}, large ? int64_t{(2 * world + 1) << 20} : int64_t{300000}}) {
           const int64_t count = bytes / item + 3;
           auto buffer = pg->allocate_collective_buffer(count, torch::TensorOptions().dtype(dtype));
-          ASSERT_TRUE(gloo(pg).is_shared_buffer(buffer)) << dtype << " count " << count;
+          ASSERT_TRUE(as_gloo(pg).is_shared_buffer(buffer)) << dtype << " count " << count;
           ASSERT_TRUE(torch::equal(buffer, torch::zeros({count}, dtype))) << "not zero-filled";
           for (auto op : ops_for(dtype)) {
             SCOPED_TRACE(c10::str("world ", world, " ", dtype, " ", to_string(op), " count ", count));
@@ -115,8 +112,8 @@ TEST(GlooSharedBuffers, EveryDtypeAndOpEqualsTheTcpPathBitForBit) {
           }
         }
       }
-      EXPECT_EQ(gloo(pg).shared_memory_stats().allreduces, expected_shared);
-      EXPECT_GT(gloo(pg).shared_memory_stats().bytes, 0);
+      EXPECT_EQ(as_gloo(pg).shared_memory_stats().allreduces, expected_shared);
+      EXPECT_GT(as_gloo(pg).shared_memory_stats().bytes, 0);
     });
   }
 }
@@ -137,7 +134,7 @@ TEST(GlooSharedBuffers, RangesMixedCallersAndAllgather) {
     EXPECT_TRUE(torch::equal(middle, torch::full({50000}, sum_of_ranks)));
     EXPECT_TRUE(torch::equal(buffer.narrow(0, 0, 1000), torch::full({1000}, 1.0 * rank)));
     EXPECT_TRUE(torch::equal(buffer.narrow(0, 51000, 49000), torch::full({49000}, 1.0 * rank)));
-    const auto shared_after_range = gloo(pg).shared_memory_stats().allreduces;
+    const auto shared_after_range = as_gloo(pg).shared_memory_stats().allreduces;
     EXPECT_EQ(shared_after_range, 1);
 
     // Different ranges on different ranks: each rank's own tensor is
@@ -153,7 +150,7 @@ TEST(GlooSharedBuffers, RangesMixedCallersAndAllgather) {
     mine.fill_(rank + 1);
     pg->allreduce(mine)->wait();
     EXPECT_TRUE(torch::equal(mine, torch::full({100000}, sum_of_ranks + w)));
-    EXPECT_EQ(gloo(pg).shared_memory_stats().allreduces, shared_after_range);
+    EXPECT_EQ(as_gloo(pg).shared_memory_stats().allreduces, shared_after_range);
 
     // allgather_into_tensor from a shared input, and from a private one.
     auto input = buffer.narrow(0, 0, 30000);
@@ -163,18 +160,18 @@ TEST(GlooSharedBuffers, RangesMixedCallersAndAllgather) {
     for (int r = 0; r < 3; ++r) {
       EXPECT_TRUE(torch::equal(gathered.narrow(0, r * 30000, 30000), torch::full({30000}, 10.0 * r)));
     }
-    EXPECT_EQ(gloo(pg).shared_memory_stats().allgathers, 1);
+    EXPECT_EQ(as_gloo(pg).shared_memory_stats().allgathers, 1);
     auto private_input = torch::full({30000}, rank * 10.0);
     auto gathered_again = torch::empty({90000});
     pg->allgather_into_tensor(gathered_again, private_input)->wait();
     EXPECT_TRUE(torch::equal(gathered, gathered_again));
-    EXPECT_EQ(gloo(pg).shared_memory_stats().allgathers, 1);
+    EXPECT_EQ(as_gloo(pg).shared_memory_stats().allgathers, 1);
 
     // A buffer outlives its group; freeing it unmaps it.
-    const auto before = gloo(pg).shared_memory_stats().buffers;
+    const auto before = as_gloo(pg).shared_memory_stats().buffers;
     buffer = at::Tensor();
     middle = own = input = at::Tensor();
-    EXPECT_EQ(gloo(pg).shared_memory_stats().buffers, before - 1);
+    EXPECT_EQ(as_gloo(pg).shared_memory_stats().buffers, before - 1);
   });
 }
 
@@ -226,11 +223,6 @@ std::set<std::string> left_behind(const std::set<std::string>& before) {
   return left;
 }
 
-constexpr int kSawRemoteErrorNamingIt = 11;
-constexpr int kSawOtherError = 12;
-constexpr int kNoError = 13;
-constexpr int kNoticedLate = 14;
-
 // Rank 1 of 3 kills itself at `point` (DDP_TEST_SHM_KILL_AT); the others
 // must raise a RemoteError naming rank 1 well before the deadline.
 void expect_named_error_after_kill(const char* point, bool while_allocating) {
@@ -243,35 +235,22 @@ void expect_named_error_after_kill(const char* point, bool while_allocating) {
         if (rank == 1) {
           setenv("DDP_TEST_SHM_KILL_AT", (std::string(point) + ":1").c_str(), 1);
         }
-        const auto start = std::chrono::steady_clock::now();
-        try {
+        return ddp::testing::survivor_outcome(rank, 1, [&] {
           auto buffer = pg->allocate_collective_buffer(1 << 20, torch::kFloat);
           if (while_allocating) {
-            return kNoError;
+            return;
           }
           buffer.fill_(1);
           for (int i = 0; i < 5; ++i) {
             pg->allreduce(buffer)->wait();
           }
-        } catch (const RemoteError& e) {
-          const double seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
-          std::fprintf(stderr, "rank %d after %.2f s: %s\n", rank, seconds, e.what());
-          if (seconds >= 10) {
-            return kNoticedLate;
-          }
-          return std::string(e.what()).find("rank 1") != std::string::npos ? kSawRemoteErrorNamingIt
-                                                                          : kSawOtherError;
-        } catch (const std::exception& e) {
-          std::fprintf(stderr, "rank %d: %s\n", rank, e.what());
-          return kSawOtherError;
-        }
-        return kNoError;
+        });
       },
       60s);
   EXPECT_EQ(results[1].signal, SIGKILL) << results[1].output;
   for (int rank : {0, 2}) {
     EXPECT_FALSE(results[rank].timed_out) << results[rank].output;
-    EXPECT_EQ(results[rank].exit_code, kSawRemoteErrorNamingIt)
+    EXPECT_EQ(results[rank].exit_code, ddp::testing::kSawRemoteErrorNamingIt)
         << "rank " << rank << " exit " << results[rank].exit_code << ": " << results[rank].output;
   }
   const auto left = left_behind(before);
