@@ -12,6 +12,7 @@
 #include <climits>
 #include <cstring>
 #include <limits>
+#include <random>
 
 #include <ddp/comm/error.h>
 
@@ -48,8 +49,10 @@ namespace ddp::internal::shm {
 //    optimizer step, zero_grad) while a peer may still read them.
 // Float and double only (other dtypes take the bucket copies), one host,
 // and only when every rank could read every other's memory at the group's
-// first shared allocation (probe_cross_memory; ptrace rules, a container's
-// seccomp profile or DDP_CROSS_MEMORY=0 can forbid it). Failure: a read from
+// first shared allocation (probe_cross_memory: each reads a random word at
+// the address its peer published, so that a pid that names another process
+// here, ranks in separate pid namespaces, fails; ptrace rules, a
+// container's seccomp profile or DDP_CROSS_MEMORY=0 can forbid it too). Failure: a read from
 // a dead peer fails with ESRCH, and this rank's RemoteError names it; the
 // others fail at the next barrier with the transport's error, which names
 // it too, within the deadline.
@@ -61,8 +64,6 @@ namespace {
 // The piece of a chunk read from each peer before it is summed: with three
 // peers, the scratch stays within a core's L2 cache.
 constexpr int64_t kPieceBytes = 128 * 1024;
-// A marker that probe_cross_memory reads in each peer's memory.
-const volatile int64_t kProbeWord = 0x6464702d636d6131; // "ddp-cma1"
 
 // Copies `bytes` from `remote` in process `pid`, rank `peer`'s, to `local`,
 // whole. `who`: this rank, for errors.
@@ -120,32 +121,37 @@ void scaled_ring_sum(T* out, const T* own, const std::vector<const T*>& peers, i
 } // namespace
 
 void SharedBuffers::probe_cross_memory(Coordinator& coordinator) {
-  // Slots 2r and 2r+1: rank r's pid and the address of its kProbeWord; -1
-  // from a rank that opts out.
-  std::vector<int64_t> values(2 * static_cast<size_t>(size_), -1);
+  // Slots 3r to 3r+2: rank r's pid, the address of its probe word and the
+  // word's value, random, so that a process that only happens to have rank
+  // r's pid here (ranks in separate pid namespaces) does not pass; -1 from
+  // a rank that opts out.
+  std::vector<int64_t> values(3 * static_cast<size_t>(size_), -1);
   if (env_get(kEnvCrossMemory).value_or("1") != "0") {
-    values[2 * rank_] = static_cast<int64_t>(getpid());
-    values[2 * rank_ + 1] = static_cast<int64_t>(reinterpret_cast<uintptr_t>(&kProbeWord));
+    std::random_device random;
+    probe_word_ = static_cast<int64_t>(((static_cast<uint64_t>(random()) << 32) ^ random()) >> 1);
+    values[3 * rank_] = static_cast<int64_t>(getpid());
+    values[3 * rank_ + 1] = static_cast<int64_t>(reinterpret_cast<uintptr_t>(&probe_word_));
+    values[3 * rank_ + 2] = probe_word_;
   }
   coordinator.max(values.data(), values.size());
   int64_t failed = 0;
   for (int r = 0; r < size_ && failed == 0; ++r) {
-    if (values[2 * r] < 0) {
+    if (values[3 * r] < 0) {
       failed = 1;
       break;
     }
-    int64_t word = 0;
+    int64_t word = -1;
     struct iovec l {&word, sizeof(word)};
-    struct iovec remote {reinterpret_cast<void*>(static_cast<uintptr_t>(values[2 * r + 1])), sizeof(word)};
-    const ssize_t got = process_vm_readv(static_cast<pid_t>(values[2 * r]), &l, 1, &remote, 1, 0);
-    failed = got == static_cast<ssize_t>(sizeof(word)) && word == kProbeWord ? 0 : 1;
+    struct iovec remote {reinterpret_cast<void*>(static_cast<uintptr_t>(values[3 * r + 1])), sizeof(word)};
+    const ssize_t got = process_vm_readv(static_cast<pid_t>(values[3 * r]), &l, 1, &remote, 1, 0);
+    failed = got == static_cast<ssize_t>(sizeof(word)) && word == values[3 * r + 2] ? 0 : 1;
   }
   coordinator.max(&failed, 1);
   cross_memory_ = failed == 0;
   if (cross_memory_) {
     pids_.assign(static_cast<size_t>(size_), 0);
     for (int r = 0; r < size_; ++r) {
-      pids_[r] = values[2 * r];
+      pids_[r] = values[3 * r];
     }
   }
 }

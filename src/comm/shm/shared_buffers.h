@@ -263,6 +263,7 @@ class SharedBuffers {
   std::vector<int> column_;  // the ranks with this rank's local index, one per host, ascending
   std::atomic<bool> cross_memory_{false}; // every rank can read every other's memory (one host only)
   std::vector<int64_t> pids_; // by rank, with cross_memory_
+  int64_t probe_word_ = 0;    // what the peers read here to learn that they may
   bool warned_ = false;
   uint64_t key_ = 0;
   int64_t next_id_ = 0;
