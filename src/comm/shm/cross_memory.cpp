@@ -64,6 +64,8 @@ namespace {
 // The piece of a chunk read from each peer before it is summed: with three
 // peers, the scratch stays within a core's L2 cache.
 constexpr int64_t kPieceBytes = 128 * 1024;
+// The most (rank, gradient) pairs whose addresses one reduction exchanges.
+constexpr int64_t kMaxAddresses = 16384;
 
 // Copies `bytes` from `remote` in process `pid`, rank `peer`'s, to `local`,
 // whole. `who`: this rank, for errors.
@@ -157,7 +159,10 @@ void SharedBuffers::probe_cross_memory(Coordinator& coordinator) {
 }
 
 int64_t SharedBuffers::direct_offer(const at::Tensor& flat, const std::vector<ReduceTarget>& targets) const {
+  // The address exchange sends size x 2 x targets words to every rank: past
+  // kMaxAddresses the buckets are cheaper.
   if (!cross_memory_ || multi_host() || targets.empty() ||
+      static_cast<int64_t>(targets.size()) * size_ > kMaxAddresses ||
       (flat.scalar_type() != at::kFloat && flat.scalar_type() != at::kDouble)) {
     return -2;
   }
