@@ -262,27 +262,39 @@ void FlatUnit::start_reduce() {
   } else {
     reduce_in_ = config_.pool->take(padded_numel(), full_.options().dtype(reduce_dtype_));
   }
+  // The predivision is done as each gradient is copied in, one pass over
+  // memory instead of two: x / predivide, rounded once to the reduction's
+  // dtype, as the copy then the division gave (a gradient of another dtype,
+  // under mixed precision, is converted first, as before).
+  const bool predivide = config_.predivide != 1;
   for (auto& entry : entries_) {
     at::Tensor& grad = entry.param.mutable_grad();
     auto slice = reduce_in_.narrow(0, entry.offset, entry.numel);
-    if (grad.defined()) {
-      slice.copy_(grad.reshape({-1}));
-      grad = at::Tensor();
-    } else {
+    if (!grad.defined()) {
       slice.zero_(); // a parameter unused in this backward
+      continue;
     }
+    if (predivide && grad.scalar_type() == reduce_dtype_) {
+      at::div_out(slice, grad.reshape({-1}), config_.predivide);
+    } else {
+      slice.copy_(grad.reshape({-1}));
+      if (predivide) {
+        slice.div_(config_.predivide);
+      }
+    }
+    grad = at::Tensor();
   }
   reduce_in_.narrow(0, total_numel_, padded_numel() - total_numel_).zero_();
-  if (config_.predivide != 1) {
-    reduce_in_.div_(config_.predivide);
-  }
   if (shard_world_ == 1) {
     reduce_out_ = reduce_in_;
     reduce_work_.reset();
   } else if (reduce_in_shared_) {
-    internal::CollectiveLabel label(c10::str("FSDP unit ", label_, " gradient reduction"));
-    reduce_work_ = config_.shard_group->allreduce(reduce_in_);
+    // Note [Shards in mapped memory]: each rank reads its shard of every
+    // rank's slot where it lies and sums it into its own, in place.
+    internal::CollectiveLabel label(c10::str("FSDP unit ", label_, " reduce-scatter"));
     reduce_out_ = reduce_in_.narrow(0, shard_rank_ * shard_numel_, shard_numel_);
+    reduce_work_ =
+        config_.shard_group->reduce_scatter(reduce_out_, reduce_in_.split(shard_numel_), ReduceScatterOptions{});
   } else {
     reduce_out_ = config_.pool->take(shard_numel_, reduce_in_.options());
     internal::CollectiveLabel label(c10::str("FSDP unit ", label_, " reduce-scatter"));

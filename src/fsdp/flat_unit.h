@@ -50,11 +50,12 @@
 namespace ddp::fsdp {
 
 // Gloo or MPI with the ranks on one host: the reductions' gradient buffers
-// are memory that every rank maps, where an allreduce reads each byte once
-// and writes it once per rank (Note [Shared buffers]: 100 MB in about 5 ms),
-// against twice through the transport's messages for a reduce-scatter; each
-// rank then takes its own chunk. When the slots could not be shared
-// (/dev/shm full, DDP_GLOO_SHM=0) the reductions reduce-scatter as elsewhere. Slots are used in turn, one more than the
+// are memory that every rank maps, and the reduce-scatter reads each rank's
+// shard of every peer's buffer where it lies and sums it into its own, in
+// place (Note [Shared buffers], "Reduce-scatter"): each byte read once, no
+// message but two barriers, nothing copied back. When the slots could not
+// be shared (/dev/shm full, DDP_GLOO_SHM=0) the reduce-scatter sends
+// messages as elsewhere. Slots are used in turn, one more than the
 // reductions in flight, so that a slot is never refilled while a peer may
 // still read it. Allocated (a collective) at the first reduction, which
 // every rank makes at the same point.

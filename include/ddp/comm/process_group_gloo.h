@@ -58,6 +58,7 @@ struct GlooSharedMemoryStats {
   int64_t allreduces = 0; ///< allreduces that went through shared memory
   int64_t allgathers = 0; ///< allgather_into_tensor calls that did
   int64_t direct = 0;     ///< of the allreduces, reduce_gradients calls that read the peers' gradients where they lie
+  int64_t reduce_scatters = 0; ///< reduce_scatter calls that went through shared memory
 };
 
 /// A ProcessGroup over Gloo.

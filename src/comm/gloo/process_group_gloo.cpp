@@ -456,7 +456,7 @@ bool ProcessGroupGloo::is_shared_buffer(const at::Tensor& tensor) const {
 
 GlooSharedMemoryStats ProcessGroupGloo::shared_memory_stats() const {
   const auto stats = impl_->shared()->stats();
-  return {stats.buffers, stats.bytes, stats.allreduces, stats.allgathers, stats.direct};
+  return {stats.buffers, stats.bytes, stats.allreduces, stats.allgathers, stats.direct, stats.reduce_scatters};
 }
 
 std::shared_ptr<Work> ProcessGroupGloo::gather(const std::vector<at::Tensor>& outputs,
@@ -557,12 +557,27 @@ std::shared_ptr<Work> ProcessGroupGloo::reduce_scatter(const at::Tensor& output,
   for (const auto& t : inputs) {
     total += t.numel();
   }
+  // The same choice on every rank: it depends on the size alone.
+  const int64_t bytes = total * static_cast<int64_t>(output.element_size());
+  const bool try_shared = internal::use_shared_allreduce(static_cast<size_t>(bytes), size);
+  internal::shm::SharedBuffers* shared = impl_->shared(); // outlives the task
   // See Note [Direct reduce-scatter] in gloo_exchange_allreduce.cpp.
   internal::Fingerprint fingerprint{"reduce_scatter", output.scalar_type(), total, op};
   return impl_->enqueue(
       std::move(fingerprint), resolve_timeout(options.timeout), args.keep(keep),
       args.wrap([output = keep.back(), inputs = std::vector<at::Tensor>(keep.begin(), keep.end() - 1),
-                 kernel, op, size, context](uint32_t tag, std::chrono::milliseconds timeout) {
+                 kernel, op, size, context, try_shared, shared,
+                 bytes](uint32_t tag, std::chrono::milliseconds timeout) {
+        // Note [Shared buffers]: the inputs may lie in shared memory (one
+        // host; every rank knows whether the group spans hosts).
+        if (try_shared && shared->any_allocated() && !shared->multi_host()) {
+          const auto where = shared->locate_scatter_inputs(inputs, output);
+          internal::GlooCoordinator coordinator(context, tag, timeout);
+          if (shared->agree(coordinator, where, bytes)) {
+            shared->reduce_scatter(coordinator, output, where, kernel, op == ReduceOp::kAvg);
+            return std::vector<at::Tensor>{output};
+          }
+        }
         // CUDA inputs are read through pinned host copies, and the output is
         // written to a pinned buffer copied back once (Note [Gloo and CUDA
         // streams]); neither is copied the other way.

@@ -579,14 +579,30 @@ std::shared_ptr<Work> ProcessGroupMPI::reduce_scatter(const at::Tensor& output,
   auto kernel = internal::reduce_kernel(output.scalar_type(), options.op);
   const MPI_Datatype datatype = mpi::datatype_of(output.scalar_type());
   const int rank = this->rank();
+  const int64_t bytes = bytes_of(inputs);
+  // The same choice on every rank: the size alone (and the dtype and op,
+  // which the fingerprint check compares).
+  const bool try_shared = size > 1 && kernel && impl_->shared_memory_min_bytes >= 0 &&
+                          bytes >= impl_->shared_memory_min_bytes;
+  internal::shm::SharedBuffers* shared = &impl_->shared; // outlives the task (see Impl)
   internal::ContiguousArguments args;
   std::vector<at::Tensor> tensors = args.inputs(inputs);
   tensors.push_back(args.output(output, who, "output"));
   return impl_->engine.enqueue(
       internal::Fingerprint{"reduce_scatter", output.scalar_type(), total, options.op},
-      resolve_timeout(options.timeout), args.keep(tensors), bytes_of(inputs),
+      resolve_timeout(options.timeout), args.keep(tensors), bytes,
       args.wrap([output = tensors.back(), inputs = std::vector<at::Tensor>(tensors.begin(), tensors.end() - 1),
-                 counts, total, even, reduction, average, size, kernel, datatype, rank](MPI_Comm comm) {
+                 counts, total, even, reduction, average, size, kernel, datatype, rank, try_shared, shared,
+                 bytes](MPI_Comm comm) {
+        // Note [Shared buffers]: the inputs may lie in shared memory.
+        if (try_shared && shared->any_allocated() && !shared->multi_host()) {
+          const auto where = shared->locate_scatter_inputs(inputs, output);
+          mpi::MpiCoordinator coordinator(comm);
+          if (shared->agree(coordinator, where, bytes)) {
+            shared->reduce_scatter(coordinator, output, where, kernel, average);
+            return std::vector<at::Tensor>{output};
+          }
+        }
         internal::HostStaging staging;
         const auto host_output = staging.in(output);
         // A new buffer unless the inputs lie end to end apart from the output.

@@ -329,6 +329,7 @@ SharedStats SharedBuffers::stats() const {
   stats.allreduces = allreduces_;
   stats.allgathers = allgathers_;
   stats.direct = direct_;
+  stats.reduce_scatters = reduce_scatters_;
   return stats;
 }
 
@@ -362,6 +363,37 @@ SharedLocation SharedBuffers::locate_gather_input(const at::Tensor& input, const
   const bool apart = in + bytes <= out || out + output.nbytes() <= in ||
                      in == out + static_cast<size_t>(rank_) * bytes;
   return output.is_cpu() && apart ? locate(input) : SharedLocation{};
+}
+
+SharedLocation SharedBuffers::locate_scatter_inputs(const std::vector<at::Tensor>& inputs,
+                                                    const at::Tensor& output) const {
+  if (inputs.size() != static_cast<size_t>(size_) || !output.is_cpu() || !output.is_contiguous() ||
+      output.numel() == 0) {
+    return {};
+  }
+  const size_t part = output.nbytes();
+  const auto* first = static_cast<const uint8_t*>(inputs.front().data_ptr());
+  for (int r = 0; r < size_; ++r) {
+    const auto& input = inputs[r];
+    if (!input.is_cpu() || !input.is_contiguous() || input.nbytes() != part ||
+        input.scalar_type() != output.scalar_type() ||
+        static_cast<const uint8_t*>(input.data_ptr()) != first + static_cast<size_t>(r) * part) {
+      return {};
+    }
+  }
+  const auto* out = static_cast<const uint8_t*>(output.data_ptr());
+  const size_t total = part * static_cast<size_t>(size_);
+  const bool apart = out + part <= first || first + total <= out || out == first + static_cast<size_t>(rank_) * part;
+  if (!apart) {
+    return {};
+  }
+  // The whole range must lie in one buffer: locate the first part, then
+  // check that the last ends within the same mapping.
+  SharedLocation where = locate(inputs.front());
+  if (where.id < 0 || static_cast<size_t>(where.offset) + total > where.mapping->bytes) {
+    return {};
+  }
+  return where;
 }
 
 bool SharedBuffers::agree(Coordinator& coordinator, const SharedLocation& where, int64_t bytes, int64_t direct,
@@ -539,6 +571,38 @@ void SharedBuffers::allgather(Coordinator& coordinator, const at::Tensor& output
     if (from != to) {
       std::memmove(to, from, static_cast<size_t>(bytes));
     }
+  }
+  std::atomic_thread_fence(std::memory_order_seq_cst);
+  coordinator.barrier();
+  std::atomic_thread_fence(std::memory_order_seq_cst);
+}
+
+void SharedBuffers::reduce_scatter(Coordinator& coordinator, const at::Tensor& output, const SharedLocation& where,
+                                   const ReduceKernel& kernel, bool average) const {
+  // `agree` was the first barrier: every rank's inputs are written.
+  std::atomic_thread_fence(std::memory_order_seq_cst);
+  ++reduce_scatters_;
+  test_kill_point("scatter", rank_);
+  const size_t element = output.element_size();
+  const int64_t count = output.numel();
+  const auto part = [&](int r) {
+    return where.mapping->bases[r] + where.offset + static_cast<size_t>(rank_) * static_cast<size_t>(count) * element;
+  };
+  auto* out = static_cast<uint8_t*>(output.data_ptr());
+  const int64_t piece = std::max<int64_t>(1, kPieceBytes / static_cast<int64_t>(element));
+  for (int64_t done = 0; done < count; done += piece) {
+    const auto n = static_cast<size_t>(std::min(piece, count - done));
+    const size_t skip = static_cast<size_t>(done) * element;
+    const uint8_t* sum = part(rank_) + skip; // `out` itself when reduced in place
+    for (int r = 0; r < size_; ++r) {
+      if (r != rank_) {
+        kernel(out + skip, sum, part(r) + skip, n);
+        sum = out + skip;
+      }
+    }
+  }
+  if (average) {
+    output.div_(size_);
   }
   std::atomic_thread_fence(std::memory_order_seq_cst);
   coordinator.barrier();

@@ -94,6 +94,17 @@ namespace ddp::internal::shm {
 // object is mapped, into its own output, then waits at a closing barrier,
 // so that no rank writes its input again while a peer may still read it.
 //
+// Reduce-scatter (reduce_scatter; one host only), when every rank's inputs
+// lie end to end in one range of one shared buffer, the same on every rank
+// (the same check): after that first barrier rank r reduces the r-th part
+// of every rank's range, read where each rank's object is mapped, into its
+// output, its own values first, then the others' in rank order (the order
+// of the TCP path's direct reduce-scatter, so the same bits), 256 KiB at a
+// time; a closing barrier follows, so that no rank writes its inputs again
+// while a peer may still read them. Nothing is written into a peer's
+// memory: an allreduce would copy every part to every rank, which FSDP's
+// gradient reduction does not need.
+//
 // Failure. Every wait is the transport's, with the collective's deadline:
 // a peer that dies makes the barrier or the check fail with the transport's
 // error, which names it; nothing ever waits on a flag in shared memory. A
@@ -139,6 +150,7 @@ struct SharedStats {
   int64_t allreduces = 0; // collectives that went through shared memory
   int64_t allgathers = 0;
   int64_t direct = 0; // of the allreduces: reduce_direct's
+  int64_t reduce_scatters = 0;
 };
 
 // Tests only: DDP_TEST_SHM_KILL_AT=<point>:<rank> kills this process at
@@ -236,6 +248,20 @@ class SharedBuffers {
   void allgather(Coordinator& coordinator, const at::Tensor& output, const SharedLocation& where,
                  int64_t bytes) const;
 
+  // A collective, after `agree` returned true on every rank for the
+  // location `where` of the inputs (every rank's `size` parts of `count`
+  // elements each, end to end; one host only: callers check multi_host()):
+  // reduces part `rank` of every rank's inputs into `output` (contiguous,
+  // CPU, `count` elements; it may be this rank's own part, not another's)
+  // with `kernel`, then divides by the size when `average`.
+  void reduce_scatter(Coordinator& coordinator, const at::Tensor& output, const SharedLocation& where,
+                      const ReduceKernel& kernel, bool average) const;
+  // Where the inputs of a reduce_scatter lie, or nowhere when the shared
+  // path cannot take them: they do not lie end to end in one shared
+  // buffer, with equal sizes, or `output` overlaps them other than as this
+  // rank's own part (a peer would read it while it is written).
+  SharedLocation locate_scatter_inputs(const std::vector<at::Tensor>& inputs, const at::Tensor& output) const;
+
   struct Registry; // the mapped buffers; shared with the tensors' deleters
 
  private:
@@ -274,6 +300,7 @@ class SharedBuffers {
   mutable std::atomic<int64_t> allreduces_{0};
   mutable std::atomic<int64_t> allgathers_{0};
   mutable std::atomic<int64_t> direct_{0};
+  mutable std::atomic<int64_t> reduce_scatters_{0};
 };
 
 } // namespace ddp::internal::shm

@@ -1,7 +1,8 @@
 // The Gloo backend's buffers in shared memory (Note [Shared buffers]):
 // results equal to the TCP path's bit for bit on 2, 3 and 4 ranks for every
-// reduce op and dtype, ranges and mixed callers, the opt-out, and a rank
-// killed while allocating or in the middle of an allreduce (every survivor
+// reduce op and dtype (allreduce and reduce-scatter), ranges and mixed
+// callers, the opt-out, and a rank killed while allocating or in the middle
+// of an allreduce or a reduce-scatter (every survivor
 // gets an error naming it within the deadline; nothing stays in /dev/shm).
 // Ranks as threads over a HashStore, the kills as processes.
 
@@ -83,6 +84,7 @@ TEST(GlooSharedBuffers, EveryDtypeAndOpEqualsTheTcpPathBitForBit) {
     run_threads(world, [&](int rank, std::shared_ptr<Store> store) {
       auto pg = make_gloo_group(store, rank, world);
       int64_t expected_shared = 0;
+      int64_t expected_scatters = 0;
       for (auto dtype : dtypes) {
         const int64_t item = c10::elementSize(dtype);
         // Just past the exchange algorithm's 64 KiB, and (for two dtypes, to
@@ -90,7 +92,7 @@ TEST(GlooSharedBuffers, EveryDtypeAndOpEqualsTheTcpPathBitForBit) {
         // into segments of its 1 MiB limit.
         const bool large = dtype == at::kFloat || dtype == at::kChar;
         for (int64_t bytes : {int64_t{65536 + 3 * 8}, large ? int64_t{(2 * world + 1) << 20} : int64_t{300000}}) {
-          const int64_t count = bytes / item + 3;
+          const int64_t count = (bytes / item + 3) / world * world; // parts for the reduce-scatter
           auto buffer = pg->allocate_collective_buffer(count, torch::TensorOptions().dtype(dtype));
           ASSERT_TRUE(as_gloo(pg).is_shared_buffer(buffer)) << dtype << " count " << count;
           ASSERT_TRUE(torch::equal(buffer, torch::zeros({count}, dtype))) << "not zero-filled";
@@ -109,10 +111,25 @@ TEST(GlooSharedBuffers, EveryDtypeAndOpEqualsTheTcpPathBitForBit) {
                      << std::setprecision(10) << buffer[at].item<double>() << ", TCP "
                      << reference[at].item<double>() << "; last at " << differ[-1].item<int64_t>();
             }
+            // The reduce-scatter, in place into this rank's own part (as
+            // FSDP's gradient reduction) and into a tensor of its own.
+            const int64_t part = count / world;
+            auto scattered = torch::empty({part}, dtype);
+            pg->reduce_scatter(scattered, input.split(part), {op})->wait(); // private: TCP
+            buffer.copy_(input);
+            auto own = buffer.narrow(0, rank * part, part);
+            pg->reduce_scatter(own, buffer.split(part), {op})->wait();
+            EXPECT_TRUE(torch::equal(own, scattered)) << "reduce_scatter in place differs from TCP's";
+            buffer.copy_(input);
+            auto apart = torch::empty({part}, dtype);
+            pg->reduce_scatter(apart, buffer.split(part), {op})->wait();
+            EXPECT_TRUE(torch::equal(apart, scattered)) << "reduce_scatter differs from TCP's";
+            expected_scatters += 2;
           }
         }
       }
       EXPECT_EQ(as_gloo(pg).shared_memory_stats().allreduces, expected_shared);
+      EXPECT_EQ(as_gloo(pg).shared_memory_stats().reduce_scatters, expected_scatters);
       EXPECT_GT(as_gloo(pg).shared_memory_stats().bytes, 0);
     });
   }
@@ -242,7 +259,12 @@ void expect_named_error_after_kill(const char* point, bool while_allocating) {
           }
           buffer.fill_(1);
           for (int i = 0; i < 5; ++i) {
-            pg->allreduce(buffer)->wait();
+            if (std::string(point) == "scatter") {
+              auto part = buffer.narrow(0, rank * (1 << 18), 1 << 18); // 3 of the 4 quarters
+              pg->reduce_scatter(part, buffer.narrow(0, 0, 3 << 18).split(1 << 18))->wait();
+            } else {
+              pg->allreduce(buffer)->wait();
+            }
           }
         });
       },
@@ -259,6 +281,10 @@ void expect_named_error_after_kill(const char* point, bool while_allocating) {
 
 TEST(GlooSharedBuffers, RankKilledMidAllreduceIsNamedAndLeavesNothing) {
   expect_named_error_after_kill("agreed", false);
+}
+
+TEST(GlooSharedBuffers, RankKilledMidReduceScatterIsNamedAndLeavesNothing) {
+  expect_named_error_after_kill("scatter", false);
 }
 
 TEST(GlooSharedBuffers, RankKilledWhileAllocatingIsNamedAndLeavesNothing) {

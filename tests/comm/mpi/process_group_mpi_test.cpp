@@ -196,7 +196,8 @@ at::Tensor shared_test_input(ReduceOp op, int rank, int64_t count, at::ScalarTyp
 TEST(MpiSharedBuffers, EveryDtypeAndOpMatchesThePrivatePath) {
   // Every allreduce of a whole shared buffer gives what the same allreduce
   // of a private tensor gives (MPI_Allreduce, or the ring for the large
-  // count), bit for bit, for sizes that do not split evenly among the ranks.
+  // count), bit for bit, for sizes that do not split evenly among the ranks;
+  // and every reduce-scatter of one what the private path gives.
   auto pg = ProcessGroupMPI::create(ProcessGroupMPIOptions().shared_memory_min_bytes(0));
   const std::vector<at::ScalarType> dtypes = {at::kFloat, at::kDouble, at::kHalf, at::kBFloat16,
                                               at::kChar,  at::kByte,   at::kShort, at::kInt,
@@ -223,6 +224,18 @@ TEST(MpiSharedBuffers, EveryDtypeAndOpMatchesThePrivatePath) {
         buffer.copy_(input);
         pg->allreduce(buffer, {op})->wait();
         ASSERT_TRUE(torch::equal(buffer, reference));
+        // The reduce-scatter of the buffer's first size x part elements, in
+        // place into this rank's own part (FSDP's gradient reduction).
+        const int64_t part = count / pg->size();
+        if (part > 0) {
+          const auto parts = input.narrow(0, 0, part * pg->size());
+          auto scattered = torch::empty({part}, dtype);
+          pg->reduce_scatter(scattered, parts.split(part), {op})->wait();
+          buffer.copy_(input);
+          auto own = buffer.narrow(0, pg->rank() * part, part);
+          pg->reduce_scatter(own, buffer.narrow(0, 0, part * pg->size()).split(part), {op})->wait();
+          ASSERT_TRUE(torch::equal(own, scattered)) << "reduce_scatter";
+        }
       }
     }
   }
