@@ -19,6 +19,7 @@
 #include "fsdp/construction_checks.h"
 #include "fsdp/fsdp_state.h"
 #include "internal/check.h"
+#include "nn/sync_batch_norm_internal.h"
 #include "plan/plan_recorder.h"
 #include "timeline/timeline.h"
 
@@ -503,6 +504,7 @@ void FullyShardedDataParallelImpl::begin_forward() {
   State& s = *state_;
   DDP_CHECK(!s.in_forward, s.config.who, ": forward called from inside its own forward");
   s.in_forward = true;
+  nn::detail::enable_batch_norms_in_place(); // Note [BatchNorms synchronised in place]
   if (torch::GradMode::is_enabled()) {
     internal::plan_begin_step(); // Note [Plan report]: steps as the timeline's
   }

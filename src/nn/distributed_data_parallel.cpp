@@ -38,6 +38,7 @@
 #include "comm/collective_label.h"
 #include "comm/objects/same_on_every_rank.h"
 #include "nn/state_sync.h"
+#include "nn/sync_batch_norm_internal.h"
 #include "plan/plan_recorder.h"
 #include "reducer/reducer.h"
 #include "timeline/timeline.h"
@@ -334,6 +335,7 @@ const std::shared_ptr<ProcessGroup>& DistributedDataParallelImpl::process_group(
 
 void DistributedDataParallelImpl::pre_forward() {
   state_->reducer->record_forward_event(internal::IterationTimer::Event::kForwardStart);
+  nn::detail::enable_batch_norms_in_place(); // Note [BatchNorms synchronised in place]
   if (at::GradMode::is_enabled()) {
     internal::plan_begin_step(); // Note [Plan report]: steps as the timeline's
   }

@@ -9,5 +9,6 @@ ddp_add_part(ddp_nn
   src/nn/checkpoint_files.cpp
   src/nn/checkpoint.cpp
   src/nn/sync_batch_norm.cpp
+  src/nn/batch_norm_in_place.cpp
   src/nn/activation_checkpoint.cpp)
 target_precompile_headers(ddp_nn PRIVATE <torch/torch.h>)

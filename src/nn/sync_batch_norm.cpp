@@ -55,6 +55,7 @@
 
 #include "comm/collective_label.h"
 #include "internal/check.h"
+#include "nn/sync_batch_norm_internal.h"
 
 namespace ddp::nn {
 
@@ -295,6 +296,23 @@ detail::BatchNormState take_over(const BatchNormHolder& batch_norm,
 
 } // namespace
 
+at::Tensor detail::sync_batch_norm_training(const at::Tensor& input, const at::Tensor& weight,
+                                            const at::Tensor& bias, const at::Tensor& running_mean,
+                                            const at::Tensor& running_var, double momentum, double eps,
+                                            std::shared_ptr<ProcessGroup> group, const std::string& name) {
+  SyncSettings settings;
+  settings.group = std::move(group);
+  settings.running_mean = running_mean;
+  settings.running_var = running_var;
+  settings.momentum = momentum;
+  settings.eps = eps;
+  settings.name = name;
+  auto optional = [](const at::Tensor& t) {
+    return t.defined() ? c10::optional<at::Tensor>(t) : c10::optional<at::Tensor>();
+  };
+  return SyncBatchNormFunction::apply(input, optional(weight), optional(bias), settings);
+}
+
 // ---- SyncBatchNormOptions ------------------------------------------------------------
 
 SyncBatchNormOptions::SyncBatchNormOptions(int64_t num_features) : num_features_(num_features) {}
@@ -412,19 +430,10 @@ torch::Tensor SyncBatchNormImpl::forward(const torch::Tensor& input) {
                              .eps(options.eps()));
   }
 
-  SyncSettings settings;
-  settings.group = std::move(group);
-  if (options.track_running_stats()) {
-    settings.running_mean = running_mean;
-    settings.running_var = running_var;
-  }
-  settings.momentum = momentum;
-  settings.eps = options.eps();
-  settings.name = name_in_model;
-  auto optional = [](const torch::Tensor& t) {
-    return t.defined() ? c10::optional<at::Tensor>(t) : c10::optional<at::Tensor>();
-  };
-  return SyncBatchNormFunction::apply(input, optional(weight), optional(bias), settings);
+  const bool tracked = options.track_running_stats();
+  return detail::sync_batch_norm_training(input, weight, bias, tracked ? running_mean : torch::Tensor(),
+                                          tracked ? running_var : torch::Tensor(), momentum, options.eps(),
+                                          std::move(group), name_in_model);
 }
 
 void SyncBatchNormImpl::pretty_print(std::ostream& stream) const {
@@ -487,22 +496,31 @@ std::string child_path(const std::string& prefix, const std::string& name) {
   return prefix.empty() ? name : prefix + "." + name;
 }
 
-// Refuses, before anything changes, a BatchNorm registered directly in a
-// module that is not a container (see convert_sync_batchnorm's comment).
-void check_replaceable(const torch::nn::Module& module, const std::string& path) {
+// Checks, before anything changes, what a BatchNorm registered directly in
+// a module that is not a container needs: that module's forward calls its
+// own typed member, which C++ cannot point at another module, so the layer
+// is synchronised where it stands (Note [BatchNorms synchronised in place],
+// batch_norm_in_place.cpp), which needs a tensor of its own to know it by
+// and the dispatcher's hook.
+void check_convertible(const torch::nn::Module& module, const std::string& path) {
   for (const auto& child : module.named_children()) {
     const auto name = child_path(path, child.key());
-    if (is_batch_norm(*child.value())) {
-      DDP_CHECK(is_container(module), "convert_sync_batchnorm: '", name, "' is a ",
-                holder_name(*child.value()), " registered directly in the custom module ",
-                (path.empty() ? std::string() : "'" + path + "' "), "(", module.name(),
-                "), whose forward calls its own member, which C++ cannot point at another "
-                "module: that layer would stay unsynchronised. Declare the member as "
-                "ddp::nn::SyncBatchNorm (it takes the BatchNorm's options and loads its "
-                "checkpoints), or hold the layer in a Sequential, ModuleList or ModuleDict");
-    } else {
-      check_replaceable(*child.value(), name);
+    if (!is_batch_norm(*child.value())) {
+      check_convertible(*child.value(), name);
+      continue;
     }
+    if (is_container(module)) {
+      continue;
+    }
+    DDP_CHECK(detail::can_synchronise_in_place(*child.value()), "convert_sync_batchnorm: '", name, "' is a ",
+              holder_name(*child.value()), " registered directly in the custom module ",
+              (path.empty() ? std::string() : "'" + path + "' "), "(", module.name(),
+              "), which is synchronised where it stands, known by its weight or its running mean; this "
+              "one has neither (affine=false, track_running_stats=false), so its calls cannot be told "
+              "from others'. Declare the member as ddp::nn::SyncBatchNorm (it takes the BatchNorm's "
+              "options and loads its checkpoints), or hold the layer in a Sequential, ModuleList or "
+              "ModuleDict");
+    detail::install_batch_norm_hook(name);
   }
 }
 
@@ -542,6 +560,12 @@ void convert(torch::nn::Module& module, const std::string& path, const std::shar
       convert(*child.value(), child_path(path, child.key()), group, replacements);
       continue;
     }
+    if (!is_container(module)) {
+      // Its module's forward calls it by its typed member: it stays, and
+      // normalises over the group from now on (check_convertible).
+      detail::synchronise_in_place(child.value(), group, child_path(path, child.key()));
+      continue;
+    }
     auto& replacement = replacements[old];
     if (!replacement) {
       replacement = take_over_if_batch_norm(child.value(), group);
@@ -561,7 +585,7 @@ std::shared_ptr<torch::nn::Module> convert_sync_batchnorm(
   if (auto replacement = take_over_if_batch_norm(module, process_group)) {
     return replacement;
   }
-  check_replaceable(*module, "");
+  check_convertible(*module, "");
   Replacements replacements;
   convert(*module, "", process_group, replacements);
   return module;

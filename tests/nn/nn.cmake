@@ -52,13 +52,14 @@ ddp_add_launched_test(ddp_parity_3_ranks NPROC 3 COMMAND ddp_parity_main CASES 2
 ddp_add_alone_test(ddp_parity_alone COMMAND ddp_parity_main CASES 28 TIMEOUT 60)
 
 # SyncBatchNorm on 2 and 3 ranks (and alone) against BatchNorm in one
-# process on the whole batch: uneven slices, an empty rank, 1d/2d/3d.
+# process on the whole batch: uneven slices, an empty rank, 1d/2d/3d, a
+# BatchNorm held as a custom module's member.
 ddp_add_nn_program(ddp_sync_batch_norm_main nn/sync_batch_norm_main.cpp)
 ddp_add_launched_test(ddp_sync_batch_norm_2_ranks NPROC 2 COMMAND ddp_sync_batch_norm_main
-  CASES 5 TIMEOUT 90)
+  CASES 6 TIMEOUT 90)
 ddp_add_launched_test(ddp_sync_batch_norm_3_ranks NPROC 3 COMMAND ddp_sync_batch_norm_main
-  CASES 5 TIMEOUT 90)
-ddp_add_alone_test(ddp_sync_batch_norm_alone COMMAND ddp_sync_batch_norm_main CASES 5 TIMEOUT 60)
+  CASES 6 TIMEOUT 90)
+ddp_add_alone_test(ddp_sync_batch_norm_alone COMMAND ddp_sync_batch_norm_main CASES 6 TIMEOUT 60)
 
 # Sparse gradients (Embedding and EmbeddingBag with sparse(true)): parity
 # with one process, no_sync, hooks, unused tables, layout and Join, on 2 and

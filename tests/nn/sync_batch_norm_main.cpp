@@ -3,7 +3,8 @@
 // its slice of a global batch, must see at every step the output, the
 // gradients, and after every step the parameters and running statistics,
 // that one process gets with torch::nn::BatchNorm on the whole batch. The
-// slices are uneven, and one case gives a rank an empty batch. Then the
+// slices are uneven, one case gives a rank an empty batch, and one holds its
+// BatchNorm as a custom module's member (synchronised where it stands). Then the
 // eval-mode output, from the running statistics.
 //
 // Usage:
@@ -55,7 +56,24 @@ struct Case {
   // The samples of each rank, for worlds of 1, 2 and 3 ranks (larger
   // worlds split the same global batch evenly, the rest to the last rank).
   std::vector<std::vector<int64_t>> slices;
+  // SyncBatchNorm modules in the converted model: a BatchNorm held as a
+  // custom module's member stays one, synchronised where it stands.
+  int64_t sync_batch_norm_modules = 1;
 };
+
+// A custom module that holds its BatchNorm as a typed member and calls it
+// from its forward, as PyTorch's C++ DCGAN example holds its layers.
+struct MemberBlockImpl : torch::nn::Module {
+  MemberBlockImpl()
+      : conv(register_module("conv", torch::nn::Conv2d(torch::nn::Conv2dOptions(3, 4, 3).padding(1)))),
+        norm(register_module("norm", torch::nn::BatchNorm2d(4))) {}
+  torch::Tensor forward(const torch::Tensor& x) {
+    return torch::relu(norm(conv(x)));
+  }
+  torch::nn::Conv2d conv;
+  torch::nn::BatchNorm2d norm;
+};
+TORCH_MODULE(MemberBlock);
 
 std::vector<int64_t> slices_of(const Case& c, int world_size) {
   if (world_size <= static_cast<int>(c.slices.size())) {
@@ -202,8 +220,9 @@ void run_case(Report& report, const Case& c, const torch::Device& device) {
   for (const auto& m : net->modules()) {
     sync_batch_norms += std::dynamic_pointer_cast<ddp::nn::SyncBatchNormImpl>(m) ? 1 : 0;
   }
-  report.expect(sync_batch_norms == 1, "the converted model has " + std::to_string(sync_batch_norms) +
-                                           " SyncBatchNorm layers, expected 1");
+  report.expect(sync_batch_norms == c.sync_batch_norm_modules,
+                "the converted model has " + std::to_string(sync_batch_norms) + " SyncBatchNorm layers, expected " +
+                    std::to_string(c.sync_batch_norm_modules));
   report.end_case();
 }
 
@@ -249,6 +268,12 @@ std::vector<Case> cases() {
        {2, 5},
        {2, 5},
        {{6}, {5, 1}, {2, 2, 2}}},
+      {"2d, BatchNorm held as a custom module's member",
+       [] { return torch::nn::Sequential(MemberBlock(), torch::nn::Conv2d(torch::nn::Conv2dOptions(4, 2, 1))); },
+       {3, 4, 4},
+       {2, 4, 4},
+       {{7}, {2, 5}, {1, 4, 2}},
+       0},
   };
 }
 

@@ -308,6 +308,19 @@ struct MemberImpl : torch::nn::Module {
 };
 TORCH_MODULE(Member);
 
+// The same layer held in a container, which the conversion replaces.
+struct InListImpl : torch::nn::Module {
+  InListImpl() : norms(register_module("norms", torch::nn::ModuleList(torch::nn::BatchNorm2d(4)))) {}
+  torch::Tensor forward(const torch::Tensor& x) {
+    if (auto sync = norms->ptr<SyncBatchNormImpl>(0)) {
+      return sync->forward(x);
+    }
+    return norms->ptr<torch::nn::BatchNorm2dImpl>(0)->forward(x);
+  }
+  torch::nn::ModuleList norms;
+};
+TORCH_MODULE(InList);
+
 torch::nn::Sequential make_tree() {
   torch::nn::Sequential net(Block(), torch::nn::BatchNorm2d(4));
   fill_distinct(*net);
@@ -409,8 +422,101 @@ TEST(ConvertSyncBatchnorm, ReplacesABatchNormRootAndSharedLayersOnce) {
   EXPECT_TRUE(twice->ptr<SyncBatchNormImpl>(0));
 }
 
-TEST(ConvertSyncBatchnorm, RefusesABatchNormMemberOfACustomModuleAndChangesNothing) {
+// A BatchNorm held as a custom module's member stays a BatchNorm, and its
+// training forwards become SyncBatchNorm's (Note [BatchNorms synchronised
+// in place]): the same collectives, output, gradients and running
+// statistics, bit for bit, as the SyncBatchNorm that replaces the same
+// layer held in a container, over the same (mirrored) group.
+TEST(ConvertSyncBatchnorm, SynchronisesABatchNormMemberWhereItStands) {
   torch::nn::Sequential net(torch::nn::BatchNorm2d(4), Member());
+  torch::nn::Sequential replaced(torch::nn::BatchNorm2d(4), InList());
+  fill_distinct(*net);
+  fill_distinct(*replaced);
+  auto fake = recording_group(0, 2, /*mirror=*/true);
+  auto fake_replaced = recording_group(0, 2, /*mirror=*/true);
+  nn::convert_sync_batchnorm(net, fake);
+  nn::convert_sync_batchnorm(replaced, fake_replaced);
+  EXPECT_EQ(sync_batch_norm_names(*net), (std::vector<std::string>{"0"}));
+  EXPECT_EQ(sync_batch_norm_names(*replaced), (std::vector<std::string>{"0", "1.norms.0"}));
+  auto member = net->ptr<MemberImpl>(1);
+  EXPECT_TRUE(member->bn.ptr() == member->named_children()["bn"]);
+  EXPECT_EQ(member->bn->name(), "torch::nn::BatchNorm2dImpl");
+
+  const auto x = input_2d(3, 4).requires_grad_(true);
+  const auto out = net->forward(x);
+  EXPECT_EQ(fake->calls, (std::vector<std::string>{"allgather_into_tensor", "allgather_into_tensor"}));
+  const auto x_replaced = input_2d(3, 4).requires_grad_(true);
+  const auto out_replaced = replaced->forward(x_replaced);
+  EXPECT_TRUE(torch::equal(out, out_replaced));
+  const auto buffers = replaced->buffers();
+  for (size_t i = 0; i < buffers.size(); ++i) {
+    EXPECT_TRUE(torch::equal(net->buffers()[i], buffers[i])) << net->named_buffers().keys()[i];
+  }
+  out.square().sum().backward();
+  out_replaced.square().sum().backward();
+  EXPECT_EQ(fake->calls, fake_replaced->calls);
+  EXPECT_EQ(fake->calls.back(), "allreduce");
+  EXPECT_TRUE(torch::equal(x.grad(), x_replaced.grad()));
+  const auto parameters = replaced->parameters();
+  for (size_t i = 0; i < parameters.size(); ++i) {
+    EXPECT_TRUE(torch::equal(net->parameters()[i].grad(), parameters[i].grad())) << net->named_parameters().keys()[i];
+  }
+
+  // Eval mode, and another BatchNorm that was not converted: no collective.
+  fake->calls.clear();
+  net->eval();
+  net->forward(input_2d(2, 4));
+  torch::nn::BatchNorm2d other(4);
+  other(input_2d(2, 4));
+  EXPECT_TRUE(fake->calls.empty());
+}
+
+// Converted twice: the second group is used, the first name kept; a
+// layer that is gone is forgotten, and one that holds another weight now
+// is not taken for the one converted.
+TEST(ConvertSyncBatchnorm, AMemberConvertedAgainOrGoneIsTrackedByItsTensors) {
+  Member holder;
+  auto first = recording_group(0, 2, /*mirror=*/true);
+  auto second = recording_group(0, 2, /*mirror=*/true);
+  nn::convert_sync_batchnorm(holder, first);
+  nn::convert_sync_batchnorm(holder, second);
+  holder(input_2d(2, 4));
+  EXPECT_TRUE(first->calls.empty());
+  EXPECT_EQ(second->calls, (std::vector<std::string>{"allgather_into_tensor"}));
+
+  const auto old_weight = holder->bn->weight;
+  holder->bn->weight = torch::ones({4}).requires_grad_(true); // what its forward passes from now on
+  second->calls.clear();
+  holder(input_2d(2, 4));
+  EXPECT_TRUE(second->calls.empty());
+
+  auto gone = recording_group(0, 2, /*mirror=*/true);
+  {
+    Member temporary;
+    nn::convert_sync_batchnorm(temporary, gone);
+    temporary(input_2d(2, 4));
+  }
+  EXPECT_EQ(gone->calls.size(), 1u);
+  for (int i = 0; i < 4; ++i) {
+    torch::nn::BatchNorm2d fresh(4); // may reuse the freed tensors' addresses
+    fresh(input_2d(2, 4));
+  }
+  EXPECT_EQ(gone->calls.size(), 1u);
+}
+
+// A member with nothing of its own to be known by (no weight, no running
+// statistics) is refused, naming it, before anything changes.
+TEST(ConvertSyncBatchnorm, RefusesAMemberWithNeitherWeightNorRunningStatistics) {
+  struct BareImpl : torch::nn::Module {
+    BareImpl()
+        : bn(register_module(
+              "bn", torch::nn::BatchNorm2d(torch::nn::BatchNormOptions(4).affine(false).track_running_stats(false)))) {}
+    torch::Tensor forward(const torch::Tensor& x) {
+      return bn(x);
+    }
+    torch::nn::BatchNorm2d bn;
+  };
+  torch::nn::Sequential net(torch::nn::BatchNorm2d(4), std::make_shared<BareImpl>());
   DDP_EXPECT_ERROR(nn::convert_sync_batchnorm(net),
                    "convert_sync_batchnorm: '1.bn' is a torch::nn::BatchNorm2d registered directly in "
                    "the custom module");

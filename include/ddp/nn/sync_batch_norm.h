@@ -176,13 +176,13 @@ TORCH_MODULE(SyncBatchNorm);
 ///
 /// The BatchNorms are replaced in `Sequential`, `ModuleList` and
 /// `ModuleDict` containers (their contents and their registered children),
-/// at any depth, also inside custom modules. A BatchNorm registered directly
-/// in a custom module cannot be replaced: that module's forward calls its
-/// own typed member (`torch::nn::BatchNorm2d bn;`), which C++ cannot point
-/// at another module. Such a model is refused with a c10::Error naming the
-/// layer, before anything is changed; declare that member as
-/// `ddp::nn::SyncBatchNorm` instead (it takes the BatchNorm's options and
-/// loads its checkpoints), or keep the layer in a container.
+/// at any depth, also inside custom modules. A BatchNorm that a custom module
+/// holds as its own member (`torch::nn::BatchNorm2d bn;`, called by that
+/// module's forward) stays, a BatchNorm by type and name, and its training
+/// forwards become SyncBatchNorm's, taken at the dispatcher (docs/ddp.md,
+/// "SyncBatchNorm"), on the converting thread and in DDP's and FSDP's
+/// forwards. Only such a member with neither weight nor running statistics
+/// is refused (c10::Error naming it, nothing changed): use SyncBatchNorm.
 std::shared_ptr<torch::nn::Module> convert_sync_batchnorm(
     const std::shared_ptr<torch::nn::Module>& module,
     std::shared_ptr<ProcessGroup> process_group = nullptr);
