@@ -4,7 +4,7 @@ sequence, and prints the figures and the ratios.
 
 Usage (any python3; it builds nothing):
   python3 bench/run_gpt_bench.py [BUILD_DIR] [--layers 12] [--embd 768] [--heads 12]
-      [--block 512] [--batch 2] [--steps 4] [--no-largest] [--python PATH]
+      [--block 512] [--batch 2] [--steps 4] [--no-largest] [--modes ddp,fsdp,fsdp-ac] [--python PATH]
 BUILD_DIR (default: build) must hold ddprun and examples/gpt_train; --python
 is PyTorch's side (default: the torch 2.11 venv of scripts/compat.sh).
 
@@ -60,6 +60,9 @@ def main():
     parser.add_argument("--batch", type=int, default=2, help="sequences per rank and step")
     parser.add_argument("--steps", type=int, default=4)
     parser.add_argument("--no-largest", action="store_true", help="leave out the largest-model estimate")
+    parser.add_argument("--modes", default="ddp,fsdp,fsdp-ac",
+                        help="training modes to run, of ddp, fsdp, fsdp-ac (default: all three); the activation "
+                             "memory line and the construction rows need fsdp and fsdp-ac")
     parser.set_defaults(rounds=3)
     args = parser.parse_args()
     ddprun, train = bench_common.built_programs(DRIVER, args.build_dir, ["examples/gpt_train"])
@@ -96,8 +99,15 @@ def main():
         middle = len(values) // 2
         return values[middle] if len(values) % 2 else (values[middle - 1] + values[middle]) / 2
 
-    modes = [("DDP", ["--parallel", "ddp"]), ("FSDP", ["--parallel", "fsdp"]),
-             ("FSDP + activation checkpointing", ["--parallel", "fsdp", "--activation-checkpointing"])]
+    all_modes = {"ddp": ("DDP", ["--parallel", "ddp"]), "fsdp": ("FSDP", ["--parallel", "fsdp"]),
+                 "fsdp-ac": ("FSDP + activation checkpointing",
+                             ["--parallel", "fsdp", "--activation-checkpointing"])}
+    chosen = [m.strip() for m in args.modes.split(",") if m.strip()]
+    unknown = [m for m in chosen if m not in all_modes]
+    if unknown or not chosen:
+        parser.error("--modes: expected some of ddp, fsdp, fsdp-ac, got %r" % args.modes)
+    modes = [all_modes[m] for m in all_modes if m in chosen]
+    both_fsdp = "fsdp" in chosen and "fsdp-ac" in chosen
     runs = {}
     for round_index in range(args.rounds):
         for label, flags in modes:
@@ -126,16 +136,16 @@ def main():
                      ratio(ours_peak, theirs_peak)])
         rows.append([label + ": peak MB per rank", "%.0f" % ours["peak_rss_mb"], "%.0f" % theirs["peak_rss_mb"],
                      ratio(ours["peak_rss_mb"], theirs["peak_rss_mb"])])
-    for side in ("ddp", "torch"):
+    for side in ("ddp", "torch") if both_fsdp else ():
         plain = figures[("FSDP", side)]["step_extra_mb"]
         checkpointed = figures[("FSDP + activation checkpointing", side)]["step_extra_mb"]
         print("# %s: activation checkpointing cuts a step's memory %.1fx (%.0f MB -> %.0f MB)"
               % (side, plain / max(checkpointed, 1.0), plain, checkpointed))
 
     # Construction: eager against deferred, construction only.
-    for label, flags in [("FSDP construction, eager: peak MB over base", ["--parallel", "fsdp"]),
-                         ("FSDP construction, deferred (meta): peak MB over base",
-                          ["--parallel", "fsdp", "--meta-init"])]:
+    construction = [("FSDP construction, eager: peak MB over base", ["--parallel", "fsdp"]),
+                    ("FSDP construction, deferred (meta): peak MB over base", ["--parallel", "fsdp", "--meta-init"])]
+    for label, flags in construction if "fsdp" in chosen else ():
         ours, theirs = run("ddp", flags, steps=0), run("torch", flags, steps=0)
         rows.append([label, "%.0f" % ours["construction_extra_mb"], "%.0f" % theirs["construction_extra_mb"],
                      ratio(ours["construction_extra_mb"], theirs["construction_extra_mb"])])
