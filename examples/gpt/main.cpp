@@ -298,11 +298,13 @@ double status_mb(const char* key) {
 // The resident pages of other ranks' shared buffers that this process maps
 // (ddp's buckets and shards on one host: /dev/shm/ddp-<key>-<rank>-<id>,
 // Note [Shared buffers]), in MB: the peer's own resident set counts them
-// too, so a rank's resident set less them is what it alone holds.
-double peer_shared_mb(int rank) {
+// too, so a rank's resident set less them is what it alone holds. A
+// buffer that all `size` ranks use together (FSDP's gathered parameters:
+// /dev/shm/ddp-<key>-common-<id>) counts (size - 1) / size as the others'.
+double peer_shared_mb(int rank, int size) {
   std::ifstream in("/proc/self/smaps");
   std::string line;
-  bool peer = false;
+  double share = 0; // of the current mapping's pages, the others'
   double kb = 0;
   while (std::getline(in, line)) {
     const char first = line.empty() ? ' ' : line[0];
@@ -313,10 +315,18 @@ double peer_shared_mb(int rank) {
       int owner = -1;
       unsigned long long key = 0;
       long long id = 0;
-      peer = name != std::string::npos &&
-             std::sscanf(line.c_str() + name, " /dev/shm/ddp-%llx-%d-%lld", &key, &owner, &id) == 3 && owner != rank;
-    } else if (peer && line.rfind("Rss:", 0) == 0) {
-      kb += std::stod(line.substr(4));
+      share = 0;
+      if (name == std::string::npos) {
+        continue;
+      }
+      if (std::sscanf(line.c_str() + name, " /dev/shm/ddp-%llx-common-%lld", &key, &id) == 2) {
+        share = static_cast<double>(size - 1) / size;
+      } else if (std::sscanf(line.c_str() + name, " /dev/shm/ddp-%llx-%d-%lld", &key, &owner, &id) == 3 &&
+                 owner != rank) {
+        share = 1;
+      }
+    } else if (share > 0 && line.rfind("Rss:", 0) == 0) {
+      kb += share * std::stod(line.substr(4));
     }
   }
   return kb / 1024.0;
@@ -674,7 +684,7 @@ int run(const Flags& flags) {
                   static_cast<long long>(flags.block), static_cast<long long>(flags.batch),
                   static_cast<long long>(parameters),
                   timed_steps > 0 ? static_cast<double>(timed_steps * global * flags.block) / timed_seconds : 0.0,
-                  step_extra_mb, construction_extra_mb, training_peak_mb, base_mb, peer_shared_mb(rank));
+                  step_extra_mb, construction_extra_mb, training_peak_mb, base_mb, peer_shared_mb(rank, size));
     std::printf("%s\n", line);
     std::fflush(stdout);
   }

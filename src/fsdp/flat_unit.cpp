@@ -36,6 +36,28 @@ namespace ddp::fsdp {
 // so it stays where it was allocated. Where the memory cannot be mapped the
 // buffer is private and the all-gather sends messages as before.
 
+// Note [Gathered in common memory]
+// On one host (Gloo or MPI, config.shared_reduce set), each unit's gathered
+// parameters `full` are one buffer that every rank maps
+// (ProcessGroup::allocate_common_buffer), and rank r's shard is its part
+// r of it (in the compute dtype; under mixed precision the shard stays
+// apart and is cast into that part by a gather of new values, the first of
+// each forward, not by the gather again for backward). The all-gather is then a barrier: once every rank has passed it,
+// every part holds its rank's current shard, and nothing is copied. Freeing
+// points the parameters at empty tensors as elsewhere, but the memory
+// stays: it holds the shards. The host holds each parameter once, where
+// every rank's gathered copies would otherwise be.
+// Why no rank changes its part while a peer computes with it: a shard
+// changes in an optimizer step (or a load) only, and a rank steps after
+// its reductions have completed, that is after every rank has produced
+// every unit's gradients, the last use of the parameters in that
+// iteration (a node that uses a parameter is an edge into its gradient's
+// accumulation); the next use on any rank follows the next gather's
+// barrier, which every rank reaches only after its own step. Writes into
+// the gathered parameters (under no_grad) change the shards, where
+// private copies would lose them at the next free. DDP_FSDP_COMMON_GATHER=0
+// gathers into private memory as before.
+
 at::Tensor take_shard(std::vector<FlatEntry>& entries, int world, int rank) {
   torch::NoGradGuard no_grad;
   int64_t total = 0;
@@ -100,7 +122,23 @@ FlatUnit::FlatUnit(std::string label, std::vector<FlatEntry> entries, const Unit
     own = flat.narrow(0, shard_rank_ * shard_numel_, shard_numel_);
   }
   DDP_INTERNAL_ASSERT(own.numel() == shard_numel_, "a shard of the wrong size");
-  if (config_.shared_reduce && shard_world_ > 1) {
+  if (config_.shared_reduce && config_.shared_reduce->common_gather && shard_world_ > 1) {
+    // Note [Gathered in common memory]
+    full_ = config_.shard_group->allocate_common_buffer(padded_numel(), own.options().dtype(compute_dtype_));
+    common_ = full_.defined();
+  }
+  if (common_) {
+    if (compute_dtype_ == own.scalar_type()) {
+      // The shard is this rank's part of the common buffer: a tensor of its
+      // own over those bytes (not a view of `full_`), keeping it alive.
+      at::Tensor keep = full_;
+      shard_ = at::from_blob(full_.narrow(0, shard_rank_ * shard_numel_, shard_numel_).data_ptr(),
+                             {shard_numel_}, [keep](void*) {}, own.options());
+      shard_.copy_(own);
+    } else {
+      shard_ = shard.defined() ? own : own.clone();
+    }
+  } else if (config_.shared_reduce && shard_world_ > 1) {
     // Note [Shards in mapped memory]
     shard_ = config_.shard_group->allocate_collective_buffer(shard_numel_, own.options());
     shard_.copy_(own);
@@ -119,7 +157,9 @@ FlatUnit::FlatUnit(std::string label, std::vector<FlatEntry> entries, const Unit
     shard_ = shard.defined() ? own : own.clone();
   }
   shard_.set_requires_grad(first.requires_grad());
-  full_ = torch::empty({padded_numel()}, first.options().dtype(compute_dtype_).requires_grad(false));
+  if (!common_) {
+    full_ = torch::empty({padded_numel()}, first.options().dtype(compute_dtype_).requires_grad(false));
+  }
   empty_ = torch::empty({0}, full_.options());
   free_full();
 }
@@ -133,6 +173,9 @@ FlatUnit::~FlatUnit() {
 }
 
 void FlatUnit::allocate_full() {
+  if (common_) {
+    return; // always there
+  }
   auto* storage = full_.storage().unsafeGetStorageImpl();
   if (storage->data() == nullptr) {
     config_.pool->fill(*storage, static_cast<size_t>(padded_numel()) * full_.element_size());
@@ -140,6 +183,9 @@ void FlatUnit::allocate_full() {
 }
 
 void FlatUnit::release_full() {
+  if (common_) {
+    return; // the shards live there
+  }
   config_.pool->drain(*full_.storage().unsafeGetStorageImpl());
 }
 
@@ -160,6 +206,10 @@ void FlatUnit::start_gather() {
     wait_gather();
   }
   torch::NoGradGuard no_grad;
+  if (common_) {
+    gather_in_common();
+    return;
+  }
   allocate_full();
   gather_input_ = shard_.detach();
   if (offloaded_) {
@@ -178,6 +228,17 @@ void FlatUnit::start_gather() {
     internal::CollectiveLabel label(c10::str("FSDP unit ", label_, " all-gather"));
     gather_work_ = config_.shard_group->allgather_into_tensor(full_, gather_input_);
   }
+  state_ = State::kGathering;
+  stale_ = false;
+}
+
+void FlatUnit::gather_in_common() {
+  // Note [Gathered in common memory]
+  if (shard_.scalar_type() != compute_dtype_ && stale_) {
+    full_.narrow(0, shard_rank_ * shard_numel_, shard_numel_).copy_(shard_.detach());
+  }
+  internal::CollectiveLabel label(c10::str("FSDP unit ", label_, " all-gather (a barrier: common memory)"));
+  gather_work_ = config_.shard_group->barrier();
   state_ = State::kGathering;
   stale_ = false;
 }

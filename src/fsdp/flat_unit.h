@@ -69,6 +69,9 @@ struct SharedReduceBuffers {
   std::vector<at::Tensor> slots;
   size_t next = 0;
   bool usable = false; // the slots are in shared memory
+  // Units gather into common memory (Note [Gathered in common memory]):
+  // decided by every rank together, at construction.
+  bool common_gather = false;
 };
 
 // What every unit of one FSDP module shares.
@@ -176,6 +179,8 @@ class FlatUnit {
  private:
   void allocate_full();
   void release_full();
+  // start_gather's form when `full_` is common memory.
+  void gather_in_common();
   void point_params_at_full();
 
   std::string label_;
@@ -194,6 +199,8 @@ class FlatUnit {
   at::Tensor empty_; // what freed parameters point at
   State state_ = State::kSharded;
   bool stale_ = true;
+  // `full_` is memory every rank maps (Note [Gathered in common memory]).
+  bool common_ = false;
   at::Tensor gather_input_;
   // Mixed precision on MPI: where the shard is cast for its all-gather
   // (Note [Shards in mapped memory], flat_unit.cpp).

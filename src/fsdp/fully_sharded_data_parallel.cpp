@@ -19,6 +19,7 @@
 #include "fsdp/construction_checks.h"
 #include "fsdp/fsdp_state.h"
 #include "internal/check.h"
+#include "internal/env.h"
 #include "nn/sync_batch_norm_internal.h"
 #include "plan/plan_recorder.h"
 #include "timeline/timeline.h"
@@ -326,6 +327,11 @@ void size_buffers(State& s, const std::vector<UnitPlan>& plans) {
       const int64_t world = s.config.shard_group->size();
       shared->numel = std::max(shared->numel, (total + world - 1) / world * world);
     }
+    // Note [Gathered in common memory]: on every rank or on none.
+    const bool wanted = internal::env_get(internal::kEnvFsdpCommonGather).value_or("1") != "0";
+    auto agreed = at::full({1}, wanted ? int64_t{1} : int64_t{0}, at::kLong);
+    s.config.shard_group->allreduce(agreed, AllreduceOptions{ReduceOp::kMin})->wait();
+    shared->common_gather = agreed.item<int64_t>() == 1;
     s.config.shared_reduce = std::move(shared);
   }
 }

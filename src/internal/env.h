@@ -95,6 +95,11 @@ inline constexpr EnvVar kEnvCrossMemory{"DDP_CROSS_MEMORY", "1",
     "0: the bucket copies. Read when a group first allocates a shared buffer; a rank with 0, or "
     "one that may not read its peers' memory (ptrace rules, seccomp), turns it off for its whole "
     "group."};
+inline constexpr EnvVar kEnvFsdpCommonGather{"DDP_FSDP_COMMON_GATHER", "1",
+    "1: where FSDP's shard group shares buffers on one host (Gloo or MPI), each unit's gathered "
+    "parameters are one buffer that every rank maps, each rank's shard its part of it, and the "
+    "all-gather a barrier (Note [Gathered in common memory]); 0: each rank gathers into its own "
+    "memory. Read when an FSDP module is made; a rank with 0 turns it off for the whole module."};
 inline constexpr EnvVar kEnvSocketIfname{"DDP_SOCKET_IFNAME", nullptr,
     "Network interface Gloo binds to (e.g. eth0). Default: the interface that reaches MASTER_ADDR."};
 inline constexpr EnvVar kEnvGlooSocketIfname{"GLOO_SOCKET_IFNAME", nullptr,

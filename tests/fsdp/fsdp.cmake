@@ -11,7 +11,8 @@ ddp_add_alone_test(fsdp_alone COMMAND fsdp_main CASES 31 TIMEOUT 120)
 if(DDP_HAVE_MPI)
   # 2 ranks: the test's small units stay in private memory (under the 64 KiB
   # default); 3 ranks: every shard and reduction buffer is in memory the
-  # ranks map (Note [Shards in mapped memory]).
+  # ranks map (Note [Shards in mapped memory]), and every unit is gathered
+  # in one buffer that all of them map (Note [Gathered in common memory]).
   ddp_add_mpi_test(fsdp_mpi_2_ranks NP 2 COMMAND fsdp_main CASES 32 TIMEOUT 180)
   ddp_add_mpi_test(fsdp_mpi_3_ranks NP 3 COMMAND fsdp_main CASES 32 TIMEOUT 180
     ENV DDP_MPI_SHARED_MEMORY_MIN_BYTES=0)
@@ -52,7 +53,10 @@ ddp_add_launched_test(activation_checkpoint_2_ranks NPROC 2 COMMAND activation_c
 ddp_add_launched_test(activation_checkpoint_3_ranks NPROC 3 COMMAND activation_checkpoint_main CASES 19 TIMEOUT 180)
 if(DDP_HAVE_MPI)
   ddp_add_mpi_test(activation_checkpoint_mpi_2_ranks NP 2 COMMAND activation_checkpoint_main CASES 19 TIMEOUT 180)
-  ddp_add_mpi_test(activation_checkpoint_mpi_3_ranks NP 3 COMMAND activation_checkpoint_main CASES 19 TIMEOUT 180)
+  # 3 ranks: every unit gathered in memory the ranks map (Note [Gathered in
+  # common memory]): recomputation, a unit called twice, two forwards.
+  ddp_add_mpi_test(activation_checkpoint_mpi_3_ranks NP 3 COMMAND activation_checkpoint_main CASES 19 TIMEOUT 180
+    ENV DDP_MPI_SHARED_MEMORY_MIN_BYTES=0)
 endif()
 
 # Auto-wrap policies: the units chosen in nested custom modules and

@@ -248,13 +248,25 @@ class ProcessGroup {
   virtual bool is_shared_buffer(const at::Tensor& tensor) const {
     return false;
   }
+  /// A collective, called as `allocate_collective_buffer` is, for memory
+  /// that the ranks use together: one zero-filled 1-D CPU tensor of
+  /// `numel` elements whose bytes are the same memory on every rank (the
+  /// Gloo and MPI backends, every rank on one host, large enough as for
+  /// `allocate_collective_buffer`), or an undefined tensor on every rank
+  /// where the backend cannot give one (the default). What one rank writes
+  /// there every rank reads: the caller orders writes and reads with
+  /// barriers, and passes no such tensor to a collective.
+  /// FullyShardedDataParallel gathers each unit's parameters in one: a
+  /// rank's shard is its part of it, and the all-gather is a barrier.
+  virtual at::Tensor allocate_common_buffer(int64_t numel, const at::TensorOptions& options) {
+    return {};
+  }
 
-  /// Whether an allreduce of a buffer that `is_shared_buffer` runs in that
+  /// Whether collectives on buffers that `is_shared_buffer` run in that
   /// shared memory, reading each byte once and writing it once per rank
-  /// (the Gloo and MPI backends), so that it costs less than a
-  /// reduce-scatter through the transport: FullyShardedDataParallel then
-  /// reduces its CPU gradients with an allreduce of shared buffers. False
-  /// by default.
+  /// (the Gloo and MPI backends): FullyShardedDataParallel then
+  /// reduce-scatters its CPU gradients in shared buffers, and gathers its
+  /// units in common ones (`allocate_common_buffer`). False by default.
   virtual bool reduces_in_shared_memory() const {
     return false;
   }

@@ -129,6 +129,9 @@ class ProcessGroupGloo : public ProcessGroup {
   /// Whether `tensor` lies in a buffer of this group that the ranks of this
   /// host map (see `allocate_collective_buffer`).
   bool is_shared_buffer(const at::Tensor& tensor) const override;
+  /// See ProcessGroup: when every rank is on this host and the buffer is
+  /// large enough to be shared.
+  at::Tensor allocate_common_buffer(int64_t numel, const at::TensorOptions& options) override;
   /// True: an allreduce of shared buffers runs in shared memory.
   bool reduces_in_shared_memory() const override {
     return true;

@@ -152,6 +152,9 @@ class ProcessGroupMPI : public ProcessGroup {
   /// Whether `tensor` lies in a buffer of this group that every rank maps
   /// (see `allocate_collective_buffer`).
   bool is_shared_buffer(const at::Tensor& tensor) const override;
+  /// See ProcessGroup: when every rank is on this host and the buffer is
+  /// large enough to be shared.
+  at::Tensor allocate_common_buffer(int64_t numel, const at::TensorOptions& options) override;
   /// True: an allreduce of shared buffers runs in shared memory.
   bool reduces_in_shared_memory() const override {
     return true;
@@ -166,6 +169,10 @@ class ProcessGroupMPI : public ProcessGroup {
       const at::Tensor& tensor, int src_rank, const PointToPointOptions& options = {}) override;
 
  private:
+  // allocate_collective_buffer's and allocate_common_buffer's collective:
+  // undefined where the memory cannot be shared.
+  at::Tensor allocate_shared(int64_t numel, const at::TensorOptions& options, bool common);
+
   class Impl;
   std::unique_ptr<Impl> impl_;
 };

@@ -426,28 +426,50 @@ std::shared_ptr<Work> ProcessGroupGloo::allgather_into_tensor(const at::Tensor& 
       }));
 }
 
-at::Tensor ProcessGroupGloo::allocate_collective_buffer(int64_t numel, const at::TensorOptions& options) {
-  const std::string who = rank_prefix() + " allocate_collective_buffer";
-  DDP_CHECK(numel >= 0, who, ": numel must not be negative (got ", numel, ")");
-  const int64_t bytes = numel * static_cast<int64_t>(options.dtype().itemsize());
-  // The same choice on every rank, given the same arguments; whether this
-  // rank wants the buffer shared is asked inside (Note [Shared buffers]).
-  if (size() < 2 || options.device().type() != c10::kCPU || bytes == 0) {
-    return ProcessGroup::allocate_collective_buffer(numel, options);
-  }
+namespace {
+
+// allocate_collective_buffer's and allocate_common_buffer's collective:
+// undefined where the memory cannot be shared. (A template: the group's
+// Impl is private to it.)
+template <typename Impl>
+at::Tensor allocate_shared(Impl& impl, const char* what, int64_t numel,
+                           const at::TensorOptions& options, std::chrono::milliseconds timeout, bool common) {
   auto buffer = std::make_shared<at::Tensor>();
-  internal::shm::SharedBuffers* shared = impl_->shared(); // outlives the task
-  const bool wanted = impl_->shared_wanted(bytes);
-  auto context = impl_->context();
-  auto work = impl_->enqueue(
-      internal::Fingerprint{"allocate_collective_buffer", options.dtype().toScalarType(), numel}, timeout(),
-      {}, [buffer, shared, numel, options, wanted, context](uint32_t tag, std::chrono::milliseconds timeout) {
+  internal::shm::SharedBuffers* shared = impl.shared(); // outlives the task
+  const bool wanted = impl.shared_wanted(numel * static_cast<int64_t>(options.dtype().itemsize()));
+  auto context = impl.context();
+  auto work = impl.enqueue(
+      internal::Fingerprint{what, options.dtype().toScalarType(), numel}, timeout, {},
+      [buffer, shared, numel, options, wanted, context, common](uint32_t tag, std::chrono::milliseconds timeout) {
         internal::GlooCoordinator coordinator(context, tag, timeout);
-        *buffer = shared->allocate(coordinator, numel, options, wanted);
+        *buffer = shared->allocate(coordinator, numel, options, wanted, common);
         return std::vector<at::Tensor>{};
       });
   work->wait();
-  return buffer->defined() ? *buffer : ProcessGroup::allocate_collective_buffer(numel, options);
+  return *buffer;
+}
+
+} // namespace
+
+at::Tensor ProcessGroupGloo::allocate_collective_buffer(int64_t numel, const at::TensorOptions& options) {
+  const std::string who = rank_prefix() + " allocate_collective_buffer";
+  DDP_CHECK(numel >= 0, who, ": numel must not be negative (got ", numel, ")");
+  // The same choice on every rank, given the same arguments; whether this
+  // rank wants the buffer shared is asked inside (Note [Shared buffers]).
+  if (size() < 2 || options.device().type() != c10::kCPU || numel == 0) {
+    return ProcessGroup::allocate_collective_buffer(numel, options);
+  }
+  auto buffer = allocate_shared(*impl_, "allocate_collective_buffer", numel, options, timeout(), false);
+  return buffer.defined() ? buffer : ProcessGroup::allocate_collective_buffer(numel, options);
+}
+
+at::Tensor ProcessGroupGloo::allocate_common_buffer(int64_t numel, const at::TensorOptions& options) {
+  const std::string who = rank_prefix() + " allocate_common_buffer";
+  DDP_CHECK(numel >= 0, who, ": numel must not be negative (got ", numel, ")");
+  if (size() < 2 || options.device().type() != c10::kCPU || numel == 0) {
+    return {};
+  }
+  return allocate_shared(*impl_, "allocate_common_buffer", numel, options, timeout(), true);
 }
 
 bool ProcessGroupGloo::is_shared_buffer(const at::Tensor& tensor) const {

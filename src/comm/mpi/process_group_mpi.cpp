@@ -704,27 +704,37 @@ std::shared_ptr<Work> ProcessGroupMPI::barrier(const BarrierOptions& options) {
 
 at::Tensor ProcessGroupMPI::allocate_collective_buffer(int64_t numel,
                                                        const at::TensorOptions& options) {
-  const std::string who = rank_prefix() + " allocate_collective_buffer";
+  auto buffer = allocate_shared(numel, options, false);
+  return buffer.defined() ? buffer : ProcessGroup::allocate_collective_buffer(numel, options);
+}
+
+at::Tensor ProcessGroupMPI::allocate_common_buffer(int64_t numel, const at::TensorOptions& options) {
+  return allocate_shared(numel, options, true);
+}
+
+at::Tensor ProcessGroupMPI::allocate_shared(int64_t numel, const at::TensorOptions& options, bool common) {
+  const char* what = common ? "allocate_common_buffer" : "allocate_collective_buffer";
+  const std::string who = rank_prefix() + " " + what;
   DDP_CHECK(numel >= 0, who, ": numel must not be negative (got ", numel, ")");
   const int64_t bytes = numel * static_cast<int64_t>(options.dtype().itemsize());
   // The same choice on every rank, given the same arguments.
   if (size() < 2 || options.device().type() != c10::kCPU || impl_->shared_memory_min_bytes < 0 ||
       bytes == 0 || bytes < impl_->shared_memory_min_bytes) {
-    return ProcessGroup::allocate_collective_buffer(numel, options);
+    return {};
   }
   // A collective in issue order, on the worker thread: the allocation makes
   // MPI calls on the group's communicator (Note [Shared buffers]).
   auto buffer = std::make_shared<at::Tensor>();
   internal::shm::SharedBuffers* shared = &impl_->shared; // outlives the task (see Impl)
   auto work = impl_->engine.enqueue(
-      internal::Fingerprint{"allocate_collective_buffer", options.dtype().toScalarType(), numel},
-      timeout(), {}, 0, [buffer, shared, numel, options](MPI_Comm comm) {
+      internal::Fingerprint{what, options.dtype().toScalarType(), numel},
+      timeout(), {}, 0, [buffer, shared, numel, options, common](MPI_Comm comm) {
         mpi::MpiCoordinator coordinator(comm);
-        *buffer = shared->allocate(coordinator, numel, options, true);
+        *buffer = shared->allocate(coordinator, numel, options, true, common);
         return std::vector<at::Tensor>{};
       });
   work->wait();
-  return buffer->defined() ? *buffer : ProcessGroup::allocate_collective_buffer(numel, options);
+  return *buffer;
 }
 
 bool ProcessGroupMPI::is_shared_buffer(const at::Tensor& tensor) const {

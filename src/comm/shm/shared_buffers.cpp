@@ -31,7 +31,10 @@ namespace ddp::internal::shm {
 struct SharedMapping {
   int64_t id = -1;
   size_t bytes = 0;
-  std::vector<uint8_t*> bases; // bases[r]: rank r's object as mapped here; nullptr off this host
+  // bases[r]: rank r's object as mapped here; nullptr off this host. A
+  // common buffer (allocate_common) has one object, bases[0].
+  std::vector<uint8_t*> bases;
+  bool common = false;
 
   SharedMapping() = default;
   SharedMapping(const SharedMapping&) = delete;
@@ -62,10 +65,16 @@ namespace {
 // peers before it goes on to the next: well inside a core's L2 cache.
 constexpr int64_t kPieceBytes = 256 * 1024;
 
+// `rank` -1: a common buffer's one object.
 std::string object_name(uint64_t key, int rank, int64_t id) {
   char name[64];
-  std::snprintf(name, sizeof(name), "/ddp-%016llx-%d-%lld", static_cast<unsigned long long>(key),
-                rank, static_cast<long long>(id));
+  if (rank < 0) {
+    std::snprintf(name, sizeof(name), "/ddp-%016llx-common-%lld", static_cast<unsigned long long>(key),
+                  static_cast<long long>(id));
+  } else {
+    std::snprintf(name, sizeof(name), "/ddp-%016llx-%d-%lld", static_cast<unsigned long long>(key), rank,
+                  static_cast<long long>(id));
+  }
   return name;
 }
 
@@ -230,12 +239,12 @@ void SharedBuffers::learn_hosts(Coordinator& coordinator) {
 }
 
 at::Tensor SharedBuffers::allocate(Coordinator& coordinator, int64_t numel, const at::TensorOptions& options,
-                                   bool wanted) {
+                                   bool wanted, bool common) {
   if (!hosts_known_) {
     learn_hosts(coordinator);
   }
   const size_t bytes = static_cast<size_t>(numel) * options.dtype().itemsize();
-  if (!sharing_ || bytes == 0) {
+  if (!sharing_ || bytes == 0 || (common && multi_host())) {
     return {};
   }
   // Every rank goes on, so that a rank that does not want the buffer (its
@@ -247,11 +256,20 @@ at::Tensor SharedBuffers::allocate(Coordinator& coordinator, int64_t numel, cons
   auto mapping = std::make_shared<SharedMapping>();
   mapping->id = id;
   mapping->bytes = bytes;
-  mapping->bases.assign(static_cast<size_t>(size_), nullptr);
-  const std::string own_name = object_name(key_, rank_, id);
+  mapping->common = common;
+  mapping->bases.assign(common ? 1 : static_cast<size_t>(size_), nullptr);
+  // Per rank: each rank creates its object and maps its peers'. Common: the
+  // host's first rank creates the one object, the others map it.
+  const bool creates = !common || rank_ == local_.front();
+  const std::string own_name = object_name(key_, common ? -1 : rank_, id);
+  uint8_t*& own = mapping->bases[common ? 0 : static_cast<size_t>(rank_)];
   // A peer may create its object and die before unlinking it: whoever
   // gives up unlinks every name of the allocation.
   const auto unlink_all = [&] {
+    if (common) {
+      shm_unlink(own_name.c_str());
+      return;
+    }
     for (const int r : local_) {
       shm_unlink(object_name(key_, r, id).c_str());
     }
@@ -259,13 +277,21 @@ at::Tensor SharedBuffers::allocate(Coordinator& coordinator, int64_t numel, cons
   std::string why;
   bool ok = false;
   try {
-    mapping->bases[rank_] = create_own(own_name, bytes, why);
+    if (creates) {
+      own = create_own(own_name, bytes, why);
+    }
     test_kill_point("created", rank_);
-    ok = all_ranks(coordinator, mapping->bases[rank_] != nullptr);
+    ok = all_ranks(coordinator, !creates || own != nullptr);
     if (ok) {
-      for (const int r : local_) {
-        if (r != rank_ && why.empty()) {
-          mapping->bases[r] = map_peer(object_name(key_, r, id), bytes, why);
+      if (common) {
+        if (!creates) {
+          own = map_peer(own_name, bytes, why);
+        }
+      } else {
+        for (const int r : local_) {
+          if (r != rank_ && why.empty()) {
+            mapping->bases[r] = map_peer(object_name(key_, r, id), bytes, why);
+          }
         }
       }
       ok = all_ranks(coordinator, why.empty());
@@ -274,13 +300,12 @@ at::Tensor SharedBuffers::allocate(Coordinator& coordinator, int64_t numel, cons
     unlink_all();
     throw;
   }
-  if (mapping->bases[rank_] != nullptr) {
-    // Every rank has mapped every object it could: the name is no longer
-    // needed, and the memory goes when the last mapping does.
-    shm_unlink(own_name.c_str());
-  }
+  // Every rank has mapped every object it could: the names are no longer
+  // needed, and the memory goes when the last mapping does. Every rank
+  // unlinks every name (a name already gone is no error), so that a rank
+  // killed here leaves nothing behind.
+  unlink_all();
   if (!ok) {
-    unlink_all();
     // `mapping`'s destructor unmaps what was mapped.
     if (!warned_) {
       warned_ = true;
@@ -291,8 +316,10 @@ at::Tensor SharedBuffers::allocate(Coordinator& coordinator, int64_t numel, cons
     return {};
   }
   ++allocated_;
-  allocated_bytes_ += static_cast<int64_t>(bytes);
-  uint8_t* base = mapping->bases[rank_];
+  // A common buffer is the host's ranks' together: each counts its part.
+  const size_t own_bytes = common ? bytes / local_.size() : bytes;
+  allocated_bytes_ += static_cast<int64_t>(own_bytes);
+  uint8_t* base = own;
   {
     std::lock_guard<std::mutex> lock(registry_->mutex);
     registry_->by_base.emplace(base, std::move(mapping));
@@ -301,12 +328,12 @@ at::Tensor SharedBuffers::allocate(Coordinator& coordinator, int64_t numel, cons
   std::shared_ptr<Registry> registry = registry_;
   // This rank's object is a tensor's memory as much as an allocated one:
   // the plan's tensor memory counts it (Note [Counting tensor memory]).
-  const bool counted = count_tensor_bytes_outside_allocator(static_cast<int64_t>(bytes));
+  const bool counted = count_tensor_bytes_outside_allocator(static_cast<int64_t>(own_bytes));
   return at::from_blob(
       base, {numel},
-      [registry, counted, bytes](void* data) {
+      [registry, counted, own_bytes](void* data) {
         if (counted) {
-          count_tensor_bytes_outside_allocator(-static_cast<int64_t>(bytes));
+          count_tensor_bytes_outside_allocator(-static_cast<int64_t>(own_bytes));
         }
         std::shared_ptr<const SharedMapping> released;
         std::lock_guard<std::mutex> lock(registry->mutex);
@@ -348,7 +375,9 @@ SharedLocation SharedBuffers::locate(const at::Tensor& tensor) const {
   --it;
   const auto& mapping = it->second;
   const size_t offset = static_cast<size_t>(data - it->first);
-  if (offset + bytes <= mapping->bytes) {
+  // A common buffer is the same memory on every rank: no collective reads
+  // peers in it (the callers' ranges would overlap).
+  if (!mapping->common && offset + bytes <= mapping->bytes) {
     where.id = mapping->id;
     where.offset = static_cast<int64_t>(offset);
     where.mapping = mapping;

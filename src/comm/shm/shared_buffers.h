@@ -105,6 +105,17 @@ namespace ddp::internal::shm {
 // memory: an allreduce would copy every part to every rank, which FSDP's
 // gradient reduction does not need.
 //
+// Note [Common buffers]
+// allocate(..., common = true), on one host only: the host's first rank
+// creates one object and every rank maps it, so that every rank's tensor
+// is the same memory (ProcessGroup::allocate_common_buffer). The steps,
+// the unlinking and the failures are the per-rank objects'. No collective
+// takes a common buffer's tensors through shared memory (locate() does not
+// know them): what the ranks write there and when is the caller's to
+// order, with barriers (FSDP's gathered parameters, Note [Gathered in
+// common memory] in fsdp/flat_unit.cpp). Each rank counts 1/W of it as its
+// own, in the statistics and the plan's tensor memory.
+//
 // Failure. Every wait is the transport's, with the collective's deadline:
 // a peer that dies makes the barrier or the check fail with the transport's
 // error, which names it; nothing ever waits on a flag in shared memory. A
@@ -178,9 +189,10 @@ class SharedBuffers {
   // A collective: a zero-filled 1-D CPU tensor of `numel` elements in memory
   // that this host's ranks map, or an undefined tensor on every rank when
   // that cannot be had (`wanted` false on some rank, ranks on uneven hosts,
-  // no room in /dev/shm). Throws the coordinator's errors.
+  // no room in /dev/shm). Throws the coordinator's errors. `common`: one
+  // buffer for all (one host only), see Note [Common buffers].
   at::Tensor allocate(Coordinator& coordinator, int64_t numel, const at::TensorOptions& options,
-                      bool wanted);
+                      bool wanted, bool common = false);
 
   // Whether some allocation has succeeded; the same on every rank (each is a
   // collective that succeeds on all or none).

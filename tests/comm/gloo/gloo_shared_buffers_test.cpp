@@ -192,13 +192,20 @@ TEST(GlooSharedBuffers, RangesMixedCallersAndAllgather) {
   });
 }
 
+// A group of 2 in which rank 1 opts out of shared buffers.
+std::shared_ptr<ProcessGroupGloo> group_with_rank_1_opted_out(const std::shared_ptr<Store>& store, int rank,
+                                                               const std::string& name) {
+  return ProcessGroupGloo::create(
+      store, rank, 2,
+      ProcessGroupGlooOptions()
+          .hostname("127.0.0.1")
+          .group_name(name + "-" + store->get_string("testing/run_id"))
+          .shared_memory_min_bytes(rank == 1 ? -1 : 0));
+}
+
 TEST(GlooSharedBuffers, ARankThatOptsOutTurnsItOffForEveryRank) {
   run_threads(2, [](int rank, std::shared_ptr<Store> store) {
-    const std::string name = "opt-out-" + store->get_string("testing/run_id");
-    auto pg = ProcessGroupGloo::create(
-        store, rank, 2,
-        ProcessGroupGlooOptions().hostname("127.0.0.1").group_name(name).shared_memory_min_bytes(
-            rank == 1 ? -1 : 0));
+    auto pg = group_with_rank_1_opted_out(store, rank, "opt-out");
     auto buffer = pg->allocate_collective_buffer(50000, torch::kFloat);
     EXPECT_FALSE(pg->is_shared_buffer(buffer));
     buffer.fill_(rank + 1);
@@ -242,18 +249,19 @@ std::set<std::string> left_behind(const std::set<std::string>& before) {
 
 // Rank 1 of 3 kills itself at `point` (DDP_TEST_SHM_KILL_AT); the others
 // must raise a RemoteError naming rank 1 well before the deadline.
-void expect_named_error_after_kill(const char* point, bool while_allocating) {
+void expect_named_error_after_kill(const char* point, bool while_allocating, bool common = false) {
   const auto before = ddp_objects();
   const auto results = run_processes(
       3,
-      [point, while_allocating](int rank, std::shared_ptr<Store> store) -> int {
+      [point, while_allocating, common](int rank, std::shared_ptr<Store> store) -> int {
         constexpr auto kTimeout = 20s;
         auto pg = make_gloo_group(store, rank, 3, kTimeout);
         if (rank == 1) {
           setenv("DDP_TEST_SHM_KILL_AT", (std::string(point) + ":1").c_str(), 1);
         }
         return ddp::testing::survivor_outcome(rank, 1, [&] {
-          auto buffer = pg->allocate_collective_buffer(1 << 20, torch::kFloat);
+          auto buffer = common ? pg->allocate_common_buffer(1 << 20, torch::kFloat)
+                               : pg->allocate_collective_buffer(1 << 20, torch::kFloat);
           if (while_allocating) {
             return;
           }
@@ -291,6 +299,47 @@ TEST(GlooSharedBuffers, RankKilledWhileAllocatingIsNamedAndLeavesNothing) {
   // Killed with its object created and its name not yet unlinked: the
   // survivors unlink it.
   expect_named_error_after_kill("created", true);
+}
+
+TEST(GlooSharedBuffers, RankKilledWhileAllocatingACommonBufferIsNamedAndLeavesNothing) {
+  // Rank 0 has created the one object; rank 1 dies before mapping it.
+  expect_named_error_after_kill("created", true, /*common=*/true);
+}
+
+// Note [Common buffers]: one memory for every rank, which no collective
+// takes through shared memory; the opt-out gives none.
+TEST(GlooSharedBuffers, CommonBufferIsOneMemoryForEveryRank) {
+  run_threads(3, [](int rank, std::shared_ptr<Store> store) {
+    auto pg = make_gloo_group(store, rank, 3);
+    auto common = pg->allocate_common_buffer(90000, torch::kFloat);
+    ASSERT_TRUE(common.defined());
+    EXPECT_EQ(common.numel(), 90000);
+    EXPECT_FALSE(pg->is_shared_buffer(common));
+    EXPECT_EQ(as_gloo(pg).shared_memory_stats().bytes, 90000 * 4 / 3);
+    // The ranks' tensors are views of one memory: each writes its part,
+    // and after a barrier every rank reads every part.
+    EXPECT_TRUE(torch::equal(common, torch::zeros({90000})));
+    pg->barrier()->wait();
+    common.narrow(0, rank * 30000, 30000).fill_(rank + 1);
+    pg->barrier()->wait();
+    for (int r = 0; r < 3; ++r) {
+      EXPECT_TRUE(torch::equal(common.narrow(0, r * 30000, 30000), torch::full({30000}, r + 1.0))) << "part " << r;
+    }
+    // Gathered over TCP from a part of it (never read from the peers' memory
+    // in place), it gives the same.
+    auto gathered = torch::empty({90000});
+    pg->allgather_into_tensor(gathered, common.narrow(0, rank * 30000, 30000))->wait();
+    EXPECT_TRUE(torch::equal(gathered, common));
+    EXPECT_EQ(as_gloo(pg).shared_memory_stats().allgathers, 0);
+    pg->barrier()->wait(); // no rank frees it while another reads it
+    const auto before = as_gloo(pg).shared_memory_stats().buffers;
+    common = at::Tensor();
+    EXPECT_EQ(as_gloo(pg).shared_memory_stats().buffers, before - 1);
+  });
+  run_threads(2, [](int rank, std::shared_ptr<Store> store) {
+    auto pg = group_with_rank_1_opted_out(store, rank, "common-opt-out");
+    EXPECT_FALSE(pg->allocate_common_buffer(50000, torch::kFloat).defined());
+  });
 }
 
 TEST(GlooSharedBuffers, EnvironmentTurnsItOffOrIsAClearError) {
