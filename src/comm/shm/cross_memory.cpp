@@ -81,7 +81,8 @@ void read_peer(const std::string& who, int peer, pid_t pid, void* local, uint64_
           c10::str(who, " allreduce: reading rank ", peer, "'s gradients (process ", pid, ", process_vm_readv of ",
                    bytes, " bytes) failed: ", std::strerror(error));
       if (error == ESRCH) {
-        throw RemoteError(message + "; rank " + std::to_string(peer) + " has exited", peer);
+        // Worded as the transport's lost peers are ("lost ... rank N").
+        throw RemoteError(message + "; lost rank " + std::to_string(peer) + ": its process has exited", peer);
       }
       throw CommError(message + (error == EPERM ? "; reading another process's memory is not permitted here, "
                                                   "DDP_CROSS_MEMORY=0 turns this path off"
