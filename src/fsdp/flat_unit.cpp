@@ -42,8 +42,9 @@ namespace ddp::fsdp {
 // (ProcessGroup::allocate_common_buffer), and rank r's shard is its part
 // r of it (in the compute dtype; under mixed precision the shard stays
 // apart and is cast into that part by a gather of new values, the first of
-// each forward, not by the gather again for backward). The all-gather is then a barrier: once every rank has passed it,
-// every part holds its rank's current shard, and nothing is copied. Freeing
+// each forward, not by the gather again for backward). The all-gather is
+// then a barrier: once every rank has passed it, every part holds its
+// rank's current shard, and nothing is copied. Freeing
 // points the parameters at empty tensors as elsewhere, but the memory
 // stays: it holds the shards. The host holds each parameter once, where
 // every rank's gathered copies would otherwise be.
@@ -127,18 +128,15 @@ FlatUnit::FlatUnit(std::string label, std::vector<FlatEntry> entries, const Unit
     full_ = config_.shard_group->allocate_common_buffer(padded_numel(), own.options().dtype(compute_dtype_));
     common_ = full_.defined();
   }
-  if (common_) {
-    if (compute_dtype_ == own.scalar_type()) {
-      // The shard is this rank's part of the common buffer: a tensor of its
-      // own over those bytes (not a view of `full_`), keeping it alive.
-      at::Tensor keep = full_;
-      shard_ = at::from_blob(full_.narrow(0, shard_rank_ * shard_numel_, shard_numel_).data_ptr(),
-                             {shard_numel_}, [keep](void*) {}, own.options());
-      shard_.copy_(own);
-    } else {
-      shard_ = shard.defined() ? own : own.clone();
-    }
-  } else if (config_.shared_reduce && shard_world_ > 1) {
+  if (common_ && compute_dtype_ == own.scalar_type()) {
+    // The shard is this rank's part of the common buffer: a tensor of its
+    // own over those bytes (not a view of `full_`), keeping it alive. (Under
+    // mixed precision it stays private, below, and is cast into its part.)
+    at::Tensor keep = full_;
+    shard_ = at::from_blob(full_.narrow(0, shard_rank_ * shard_numel_, shard_numel_).data_ptr(),
+                           {shard_numel_}, [keep](void*) {}, own.options());
+    shard_.copy_(own);
+  } else if (!common_ && config_.shared_reduce && shard_world_ > 1) {
     // Note [Shards in mapped memory]
     shard_ = config_.shard_group->allocate_collective_buffer(shard_numel_, own.options());
     shard_.copy_(own);
