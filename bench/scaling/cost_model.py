@@ -23,6 +23,15 @@ G / g groups like it on a host cross that host's link at the same time
 Per operation (s the bytes this rank sends, as the plan counts them; n the
 bytes of its tensor here; B the link's share):
 
+    allreduce in shared memory across hosts (Gloo, above 64 KiB, a group of
+    g >= 2 ranks on each of h >= 2 hosts: DDP's buckets, which lie in shared
+    buffers): each host's ranks reduce in shared memory, local rank j takes
+    the j-th of g parts and reduces it with its peers of the other hosts
+    (a direct exchange on two hosts, a reduce-scatter and an all-gather on
+    more: Note [Reduced among hosts]); a host's link carries 2 (h - 1) / h
+    of n, in one round of latency on two hosts, two on more:
+        (1 or 2) L + 2 (h - 1) n / (h B)
+
     allreduce, ring (Gloo above 64 KiB or 8 ranks; NCCL):
         2 (W - 1) steps of latency, and s / B: each step moves one
         rank's chunk over every host link at once
@@ -31,7 +40,11 @@ bytes of its tensor here; B the link's share):
     allgather (ring):  (W - 1) L + s / B
     reduce_scatter (Gloo's direct exchange): L + g s (W - g) / ((W - 1) B);
         NCCL's ring: (W - 1) L + s / B
-    broadcast (Gloo's binomial tree): ceil(log2 W) (L + n / B);
+    broadcast (Gloo's binomial tree): ceil(log2 W) rounds; in round i the
+        ranks holding the tensor send it to the ranks 2^i further from the
+        root, and a round costs L + k n / B, k the most sends into or out of
+        one host that cross its link (0 when none does), averaged over the
+        group's ranks as the root;
         NCCL's pipelined chain: (W - 1) L + n / B
     barrier: 2 ceil(log2 W) L
 
@@ -65,12 +78,55 @@ def group_shape(members, per_host):
     return len(members), len(hosts), g, max(1, per_host // g)
 
 
+def hierarchical(op, n, members, per_host, backend):
+    """Whether Gloo reduces this allreduce in shared memory within each host and among hosts
+    over the links: a group with the same number (at least two) of ranks on every host it spans,
+    on two hosts or more, a buffer past the exchange's 64 KiB. Taken to hold for every such
+    allreduce: DDP's buckets lie in shared buffers (a private tensor would take the ring)."""
+    if backend != "gloo" or op not in ("allreduce", "allreduce_coalesced") or n <= EXCHANGE_MAX_BYTES:
+        return False
+    hosts = {}
+    for rank in members:
+        hosts[rank // per_host] = hosts.get(rank // per_host, 0) + 1
+    return len(hosts) >= 2 and min(hosts.values()) == max(hosts.values()) >= 2
+
+
+def binomial_rounds(members, per_host):
+    """Gloo's broadcast, for each root of the group: per round, (the most sends into or out of one
+    host that cross its link, the sends that cross, the sends within a host)."""
+    size = len(members)
+    dim = max(1, math.ceil(math.log2(size)))
+    roots = []
+    for root in range(size):
+        rounds = []
+        # Round i: virtual rank v (v < 2^i, rank (v + root) mod size) sends to v + 2^i.
+        for i in range(dim):
+            out, into, crossing, local = {}, {}, 0, 0
+            for v in range(min(1 << i, size)):
+                peer = v + (1 << i)
+                if peer >= size:
+                    continue
+                a = members[(v + root) % size] // per_host
+                b = members[(peer + root) % size] // per_host
+                if a == b:
+                    local += 1
+                else:
+                    crossing += 1
+                    out[a] = out.get(a, 0) + 1
+                    into[b] = into.get(b, 0) + 1
+            rounds.append((max(list(out.values()) + list(into.values()) + [0]), crossing, local))
+        roots.append(rounds)
+    return roots
+
+
 def call_seconds(op, sent, n, members, per_host, bandwidth, latency, backend="gloo"):
     """Seconds one operation takes: `sent` the plan's bytes for this rank, `n` its tensor's bytes,
     `members` the world ranks of its group, `per_host` ranks on each host."""
     world, hosts, g, sharing = group_shape(members, per_host)
     if world <= 1 or hosts <= 1:
         return 0.0  # within one host
+    if hierarchical(op, n, members, per_host, backend):
+        return (1 if hosts == 2 else 2) * latency + sharing * 2 * (hosts - 1) * n / (hosts * bandwidth)
     if op in ("allreduce", "allreduce_coalesced"):
         if backend == "gloo" and n <= EXCHANGE_MAX_BYTES and world <= EXCHANGE_MAX_RANKS:
             return latency + sharing * g * (world - g) * n / bandwidth
@@ -84,23 +140,29 @@ def call_seconds(op, sent, n, members, per_host, bandwidth, latency, backend="gl
     if op == "broadcast" and backend == "nccl":  # a pipelined chain
         return (world - 1) * latency + sharing * n / bandwidth
     if op == "broadcast":
-        rounds = math.ceil(math.log2(world))
-        return rounds * (latency + sharing * n / bandwidth)
+        roots = binomial_rounds(members, per_host)
+        return sum((latency + sharing * k * n / bandwidth) if k else 0.0
+                   for rounds in roots for k, _, _ in rounds) / len(roots)
     if op == "barrier":
         return 2 * math.ceil(math.log2(world)) * latency
     # send, recv, gather, scatter, alltoall: their bytes over one link.
     return latency + sharing * max(sent, n) / bandwidth
 
 
-def call_bytes(op, sent, n, members, per_host):
+def call_bytes(op, sent, n, members, per_host, backend="gloo"):
     """(bytes crossing host links, bytes between ranks of one host over TCP) that all groups like
     this one move in the world for this operation; a group within one host moves its bytes in
     shared memory (Gloo), counted as neither."""
     world, hosts, g, _ = group_shape(members, per_host)
     if world <= 1 or hosts <= 1:
         return 0.0, 0.0
+    if hierarchical(op, n, members, per_host, backend):
+        return 2.0 * (hosts - 1) * n, 0.0  # each host's link 2 (h - 1) / h of n; within hosts shared memory
     if op == "broadcast":
-        total, crossing = (world - 1) * n, (hosts - 1) / (world - 1)
+        roots = binomial_rounds(members, per_host)
+        crossing = sum(c for rounds in roots for _, c, _ in rounds) / len(roots)
+        local = sum(lo for rounds in roots for _, _, lo in rounds) / len(roots)
+        return crossing * n, local * n
     elif op in ("reduce_scatter", "reduce_scatter_tensor") or (
             op in ("allreduce", "allreduce_coalesced") and n <= EXCHANGE_MAX_BYTES and world <= EXCHANGE_MAX_RANKS):
         total, crossing = world * max(sent, n), (world - g) / (world - 1)
@@ -124,7 +186,7 @@ def predict(compute_s, report, per_host, bandwidth, latency, backend="gloo", cpu
     for op, sent, n, group in report["last_step_calls"]:
         members = groups[group]
         network += call_seconds(op, sent, n, members, per_host, bandwidth, latency, backend)
-        c, lo = call_bytes(op, sent, n, members, per_host)
+        c, lo = call_bytes(op, sent, n, members, per_host, backend)
         instances = world / len(members)
         crossing += c * instances
         loopback += lo * instances

@@ -2,12 +2,13 @@
 """The cost model against jobs on simulated clusters (docs/scaling.md).
 
 For each topology (hosts x ranks per host), each strategy (DDP, ZeRO, FSDP,
-HSDP) and each link (bandwidth, latency): the compute of a step and its
-collectives from the fake backend (as many processes at once as the job
-has, each playing its rank, writing its plan report), the model's
-prediction from them, and the step time of the real job on network
-namespaces joined by ddp_netsim's switch (examples/gpt under ddprun, one
-ddprun per host). Prints a table, measured against predicted.
+HSDP) and each link (bandwidth, latency): the compute of a step (the median
+of three fake runs) and its collectives from the fake backend (as many
+processes at once as the job has, each playing its rank, writing its plan
+report), the model's prediction from them, and the step time of the real
+job on network namespaces joined by ddp_netsim's switch (examples/gpt
+under ddprun, one ddprun per host). Prints a table, measured against
+predicted.
 
     sudo bench/scaling/validate.py --build build [--quick] [--out DIR]
 
@@ -138,6 +139,8 @@ def main():
     parser.add_argument("--emulate", action="store_true",
                         help="also run each job's fake run on a simulated link (DDP_FAKE_LINK, the probed figures): "
                         "the step time it gives is the emulated prediction, overlap included")
+    parser.add_argument("--compute-runs", type=int, default=3,
+                        help="fake runs per topology and strategy; the model takes their median compute")
     parser.add_argument("--measured", help="a results.json of an earlier run: take its real jobs' step times and "
                         "its probes instead of running them again (the fake runs and the model run anew)")
     args = parser.parse_args()
@@ -148,9 +151,13 @@ def main():
     computes = {}
     for hosts, per_host in topologies:
         for strategy in STRATEGIES:
-            computes[(hosts, per_host, strategy)] = fake_run(build, hosts, per_host, strategy, args.out)
+            # The median of a few fake runs: one run's compute moved by up to a third from one
+            # run to the next on these 2 cores (2 x 2 DDP: 216 and 288 ms).
+            runs = [fake_run(build, hosts, per_host, strategy, args.out) for _ in range(args.compute_runs)]
+            computes[(hosts, per_host, strategy)] = (statistics.median(c for c, _ in runs), runs[0][1])
             print(f"validate: compute {strategy} {hosts}x{per_host}: "
-                  f"{computes[(hosts, per_host, strategy)][0] * 1e3:.1f} ms", flush=True)
+                  f"{computes[(hosts, per_host, strategy)][0] * 1e3:.1f} ms (median of "
+                  + ", ".join(f"{c * 1e3:.0f}" for c, _ in runs) + ")", flush=True)
     earlier = {}
     if args.measured:
         for r in json.load(open(args.measured)):

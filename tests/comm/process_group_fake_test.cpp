@@ -301,8 +301,10 @@ TEST(FakeProcessGroup, InitProcessGroupFromTheEnvironment) {
 }
 
 // Note [A simulated link]: an operation's cost is the cost model's
-// (bench/scaling/cost_model.py gives the same figures: 0.35709 s and a
-// machine-wide 0.46683 s of CPU over 2 cores for this allreduce).
+// (bench/scaling/cost_model.py gives the same figures: 0.30394 s and a
+// machine-wide 0.30199 s of CPU over 2 cores for the allreduce of the
+// world, in shared memory within each host; 0.27064 s and 0.15603 s for the
+// ring of an uneven group; the broadcast's below).
 TEST(FakeLink, PricesOperationsAsTheCostModelDoes) {
   internal::FakeLink link;
   link.bandwidth = 0.995e9 / 8;
@@ -312,9 +314,26 @@ TEST(FakeLink, PricesOperationsAsTheCostModelDoes) {
   link.cpu_ns_loopback = 1.3;
   const int64_t n = 25165824;
   const std::vector<int> world{0, 1, 2, 3, 4, 5, 6, 7};
-  const auto ring = internal::fake_call_cost(link, "allreduce", 2 * 7 * n / 8, n, world, 8);
-  EXPECT_NEAR(ring.network_s, 0.35709, 1e-4);
-  EXPECT_NEAR(ring.cpu_s, 0.46683 * 2 / 8, 1e-4); // this rank's share
+  // Two ranks on each of four hosts: reduced within each host in shared
+  // memory, among the hosts by a reduce-scatter and an all-gather (Note
+  // [Reduced among hosts]): two latencies, 3/4 of the buffer per link.
+  const auto shared = internal::fake_call_cost(link, "allreduce", 2 * 7 * n / 8, n, world, 8);
+  EXPECT_NEAR(shared.network_s, 0.30394, 1e-4);
+  EXPECT_NEAR(shared.network_s, 2 * 214e-6 + 1.5 * n / link.bandwidth, 1e-9);
+  EXPECT_NEAR(shared.cpu_s, 0.30199 * 2 / 8, 1e-4); // this rank's share
+  // Gloo's binomial broadcast, averaged over the roots: with an even root
+  // the first round stays within a host, then two ranks of a host send
+  // across its link in each of the two other rounds (4 tensors' time);
+  // with an odd root every round crosses (cost_model.py: 0.80989 s, and
+  // 0.33533 s of the machine's CPU over 2 cores).
+  const auto tree = internal::fake_call_cost(link, "broadcast", n, n, world, 8);
+  EXPECT_NEAR(tree.network_s, 0.80989, 1e-4);
+  EXPECT_NEAR(tree.network_s, 2.5 * 214e-6 + 4.0 * n / link.bandwidth, 1e-9);
+  EXPECT_NEAR(tree.cpu_s, 0.33533 * 2 / 8, 1e-4);
+  // Uneven hosts (two ranks and one): Gloo's ring over TCP.
+  const auto ring = internal::fake_call_cost(link, "allreduce", 2 * 2 * n / 3, n, {0, 1, 2}, 8);
+  EXPECT_NEAR(ring.network_s, 0.27064, 1e-4);
+  EXPECT_NEAR(ring.cpu_s, 0.15603 * 2 / 3, 1e-4); // one of 8 / 3 groups alike, a third of its CPU
   // Within one host: nothing.
   const auto local = internal::fake_call_cost(link, "allreduce", n, n, {2, 3}, 8);
   EXPECT_EQ(local.network_s, 0);

@@ -7,6 +7,7 @@
 #include <cstdlib>
 #include <map>
 #include <sstream>
+#include <tuple>
 
 #include "internal/check.h"
 #include "internal/env.h"
@@ -30,10 +31,11 @@ double parse_number(const std::string& who, const std::string& key, const std::s
 
 // A group's shape over the hosts (cost_model.py's group_shape).
 struct Shape {
-  int world = 0;   // the group's ranks
-  int hosts = 0;   // hosts it spans
-  int g = 0;       // its most ranks on one host
-  int sharing = 1; // groups like it sharing each host's link
+  int world = 0;     // the group's ranks
+  int hosts = 0;     // hosts it spans
+  int g = 0;         // its most ranks on one host
+  int sharing = 1;   // groups like it sharing each host's link
+  bool even = false; // the same number of its ranks on every host it spans
 };
 
 Shape shape_of(const std::vector<int>& members, int per_host) {
@@ -44,9 +46,12 @@ Shape shape_of(const std::vector<int>& members, int per_host) {
   Shape shape;
   shape.world = static_cast<int>(members.size());
   shape.hosts = static_cast<int>(hosts.size());
+  int fewest = shape.world;
   for (const auto& entry : hosts) {
     shape.g = std::max(shape.g, entry.second);
+    fewest = std::min(fewest, entry.second);
   }
+  shape.even = fewest == shape.g;
   shape.sharing = std::max(1, per_host / std::max(1, shape.g));
   return shape;
 }
@@ -55,10 +60,71 @@ bool is_op(const std::string& op, std::initializer_list<const char*> names) {
   return std::any_of(names.begin(), names.end(), [&](const char* name) { return op == name; });
 }
 
+// Gloo's broadcast, a binomial tree, averaged over the group's ranks as the
+// root (cost_model.py's binomial_rounds): in round i each rank holding the
+// tensor sends it 2^i further, and a round costs a latency and k tensors
+// over the link, k the most sends into or out of one host that cross it.
+// Returns (seconds, tensors crossing host links, tensors within hosts).
+struct TreeCost {
+  double seconds = 0;
+  double crossing = 0;
+  double local = 0;
+};
+
+TreeCost binomial_broadcast(const std::vector<int>& members, int per_host, double n, double bandwidth,
+                            double latency) {
+  const size_t size = members.size();
+  size_t dim = 1;
+  while ((size_t{1} << dim) < size) {
+    ++dim;
+  }
+  TreeCost cost;
+  for (size_t root = 0; root < size; ++root) {
+    for (size_t i = 0; i < dim; ++i) {
+      std::map<int, int> out;
+      std::map<int, int> into;
+      int most = 0;
+      for (size_t v = 0; v < std::min(size_t{1} << i, size); ++v) {
+        const size_t peer = v + (size_t{1} << i);
+        if (peer >= size) {
+          continue;
+        }
+        const int a = members[(v + root) % size] / per_host;
+        const int b = members[(peer + root) % size] / per_host;
+        if (a == b) {
+          cost.local += 1;
+          continue;
+        }
+        cost.crossing += 1;
+        most = std::max({most, ++out[a], ++into[b]});
+      }
+      if (most > 0) {
+        cost.seconds += latency + most * n / bandwidth;
+      }
+    }
+  }
+  const auto roots = static_cast<double>(size);
+  cost.seconds /= roots;
+  cost.crossing /= roots;
+  cost.local /= roots;
+  return cost;
+}
+
+// An allreduce Gloo reduces in shared memory within each host and among
+// the hosts over their links (Note [Reduced among hosts]; cost_model.py's
+// hierarchical): past the exchange's bytes, two or more ranks on every host.
+bool hierarchical(const std::string& op, double n, const Shape& s) {
+  return is_op(op, {"allreduce", "allreduce_coalesced"}) && n > kExchangeMaxBytes && s.hosts >= 2 && s.even &&
+         s.g >= 2;
+}
+
 double seconds_on_link(const FakeLink& link, const std::string& op, double sent, double n, const Shape& s) {
   const double b = link.bandwidth / s.sharing;
   const double l = link.latency;
   const int w = s.world;
+  if (hierarchical(op, n, s)) {
+    return (s.hosts == 2 ? 1.0 : 2.0) * l + 2.0 * (s.hosts - 1) * n / (s.hosts * b);
+  }
   if (is_op(op, {"allreduce", "allreduce_coalesced"})) {
     if (n <= kExchangeMaxBytes && w <= kExchangeMaxRanks) {
       return l + s.g * (w - s.g) * n / b;
@@ -70,9 +136,6 @@ double seconds_on_link(const FakeLink& link, const std::string& op, double sent,
   }
   if (is_op(op, {"reduce_scatter", "reduce_scatter_tensor"})) {
     return l + s.g * sent * (w - s.g) / ((w - 1) * b);
-  }
-  if (op == "broadcast") {
-    return std::ceil(std::log2(w)) * (l + n / b);
   }
   if (op == "barrier") {
     return 2.0 * std::ceil(std::log2(w)) * l;
@@ -86,11 +149,11 @@ std::pair<double, double> bytes_moved(const std::string& op, double sent, double
   double total = 0;
   double crossing = 0;
   const int w = s.world;
-  if (op == "broadcast") {
-    total = (w - 1) * n;
-    crossing = static_cast<double>(s.hosts - 1) / (w - 1);
-  } else if (is_op(op, {"reduce_scatter", "reduce_scatter_tensor"}) ||
-             (is_op(op, {"allreduce", "allreduce_coalesced"}) && n <= kExchangeMaxBytes && w <= kExchangeMaxRanks)) {
+  if (hierarchical(op, n, s)) {
+    return {2.0 * (s.hosts - 1) * n, 0.0}; // within each host: shared memory
+  }
+  if (is_op(op, {"reduce_scatter", "reduce_scatter_tensor"}) ||
+      (is_op(op, {"allreduce", "allreduce_coalesced"}) && n <= kExchangeMaxBytes && w <= kExchangeMaxRanks)) {
     total = w * std::max(sent, n);
     crossing = static_cast<double>(w - s.g) / (w - 1);
   } else {
@@ -162,8 +225,18 @@ FakeCost fake_call_cost(const FakeLink& link, const std::string& op, int64_t sen
   }
   const auto s = static_cast<double>(sent);
   const auto bytes = static_cast<double>(n);
-  cost.network_s = seconds_on_link(link, op, s, bytes, shape);
-  const auto [crossing, loopback] = bytes_moved(op, s, bytes, shape);
+  double crossing = 0;
+  double loopback = 0;
+  if (op == "broadcast") {
+    const TreeCost tree =
+        binomial_broadcast(members, link.per_host, bytes, link.bandwidth / shape.sharing, link.latency);
+    cost.network_s = tree.seconds;
+    crossing = tree.crossing * bytes;
+    loopback = tree.local * bytes;
+  } else {
+    cost.network_s = seconds_on_link(link, op, s, bytes, shape);
+    std::tie(crossing, loopback) = bytes_moved(op, s, bytes, shape);
+  }
   const double instances = static_cast<double>(world) / shape.world;
   cost.cpu_s = (crossing * link.cpu_ns_link + loopback * link.cpu_ns_loopback) * 1e-9 * instances / world;
   return cost;

@@ -17,6 +17,7 @@
 #include <algorithm>
 #include <chrono>
 #include <cstring>
+#include <string>
 #include <vector>
 
 namespace ddp::internal {
@@ -26,6 +27,20 @@ namespace {
 // Slot prefix of the exchange; Gloo's algorithms use 0x01 to 0x08, send/recv
 // 0x20, the shared buffers' coordination 0x22 and 0x23.
 constexpr uint8_t kExchangeSlotPrefix = 0x21;
+
+// Where the exchanges receive: kept by the calling thread (a group's worker)
+// from one collective to the next. Fresh memory for every call cost each
+// rank a page fault per 4 KiB received and the zeroing of every byte, as
+// much CPU as the transfer itself where the link is fast; the largest
+// buffer received stays (DDP's: a bucket).
+char* scratch(size_t bytes) {
+  thread_local std::vector<char> kept;
+  if (kept.size() < bytes) {
+    kept = std::vector<char>();
+    kept.resize(bytes);
+  }
+  return kept.data();
+}
 
 } // namespace
 
@@ -52,9 +67,9 @@ void exchange_among(const std::shared_ptr<gloo::Context>& context, const std::ve
     return;
   }
   // Slot k of `all` holds member k's buffer; our own is sent from it too.
-  std::vector<char> all(bytes * n);
-  std::memcpy(all.data() + bytes * me, data, bytes);
-  auto buffer = context->createUnboundBuffer(all.data(), all.size());
+  char* const all = scratch(bytes * n);
+  std::memcpy(all + bytes * me, data, bytes);
+  auto buffer = context->createUnboundBuffer(all, bytes * n);
   const uint64_t slot = gloo::Slot::build(slot_prefix, tag);
   for (size_t k = 0; k < n; ++k) {
     if (k != me) {
@@ -80,10 +95,84 @@ void exchange_among(const std::shared_ptr<gloo::Context>& context, const std::ve
     }
   }
   // In member order, the same on every member.
-  std::memcpy(data, all.data(), bytes);
+  std::memcpy(data, all, bytes);
   for (size_t k = 1; k < n; ++k) {
-    kernel(data, data, all.data() + bytes * k, count);
+    kernel(data, data, all + bytes * k, count);
   }
+}
+
+// Note [Reduced among hosts]
+// The multi-host form of the shared allreduce (Note [Shared buffers])
+// reduces each part of a host's buffers among the ranks of one local index,
+// one per host. The exchange would send the whole part to every other host:
+// (h - 1) times its bytes from each rank, h / 2 times a ring's 2 (h - 1) / h
+// (twice the bytes on four hosts, four times on eight). Past two members
+// and kExchangeAllreduceMaxBytes, scatter_gather_among runs instead: member
+// k receives chunk k of every member's part and combines them in member
+// order, the exchange's order, so the same bits; then it sends its combined
+// chunk to every other member. Each rank sends 2 (h - 1) / h of the part,
+// as a ring does, in two rounds of latency instead of 2 (h - 1).
+void scatter_gather_among(const std::shared_ptr<gloo::Context>& context, const std::vector<int>& members,
+                          uint8_t slot_prefix, void* data, size_t count, size_t bytes,
+                          const ReduceKernel& kernel, uint32_t tag, std::chrono::milliseconds timeout) {
+  const size_t n = members.size();
+  const auto me = static_cast<size_t>(std::find(members.begin(), members.end(), context->rank) - members.begin());
+  if (n < 3 || count < n) {
+    exchange_among(context, members, slot_prefix, data, count, bytes, kernel, tag, timeout);
+    return;
+  }
+  const size_t element = bytes / count;
+  const auto first = [&](size_t k) { return count * k / n * element; }; // chunk k's first byte
+  const auto length = [&](size_t k) { return first(k + 1) - first(k); };
+  const size_t mine = length(me);
+  char* const own = static_cast<char*>(data) + first(me);
+  const uint64_t slot = gloo::Slot::build(slot_prefix, tag);
+  const auto deadline = std::chrono::steady_clock::now() + timeout;
+  const auto wait = [&](gloo::transport::UnboundBuffer& buffer, bool receives) {
+    for (size_t i = 1; i < n; ++i) {
+      if (!(receives ? buffer.waitRecv(deadline) : buffer.waitSend(deadline))) {
+        throw gloo::IoException(std::string("reduction among hosts: ") + (receives ? "receive" : "send") +
+                                " aborted");
+      }
+    }
+  };
+  // Round 1: chunk k of this part to member k; member k's chunk `me` into
+  // slot k of `parts` (our own copied there, to combine in member order).
+  char* const parts = scratch(mine * n);
+  auto received = context->createUnboundBuffer(parts, mine * n);
+  auto part = context->createUnboundBuffer(data, bytes);
+  for (size_t k = 0; k < n; ++k) {
+    if (k != me) {
+      received->recv(members[k], slot, mine * k, mine);
+    }
+  }
+  for (size_t k = 0; k < n; ++k) {
+    if (k != me) {
+      part->send(members[k], slot, first(k), length(k));
+    }
+  }
+  std::memcpy(parts + mine * me, own, mine);
+  wait(*received, true);
+  const size_t elements = mine / element;
+  kernel(own, parts, parts + mine, elements);
+  for (size_t k = 2; k < n; ++k) {
+    kernel(own, own, parts + mine * k, elements);
+  }
+  // Round 2, once every send of round 1 is done: our combined chunk to
+  // every member, theirs into place over what round 1 sent.
+  wait(*part, false);
+  for (size_t k = 0; k < n; ++k) {
+    if (k != me) {
+      part->recv(members[k], slot, first(k), length(k));
+    }
+  }
+  for (size_t k = 0; k < n; ++k) {
+    if (k != me) {
+      part->send(members[k], slot, first(me), mine);
+    }
+  }
+  wait(*part, true);
+  wait(*part, false);
 }
 
 // Note [Direct reduce-scatter]

@@ -39,6 +39,13 @@ void exchange_among(const std::shared_ptr<gloo::Context>& context, const std::ve
                     uint8_t slot_prefix, void* data, size_t count, size_t bytes,
                     const ReduceKernel& kernel, uint32_t tag, std::chrono::milliseconds timeout);
 
+// The same result as exchange_among, bit for bit, in a reduce-scatter and
+// an all-gather among `members` when they are more than two (Note [Reduced
+// among hosts] in gloo_exchange_allreduce.cpp).
+void scatter_gather_among(const std::shared_ptr<gloo::Context>& context, const std::vector<int>& members,
+                          uint8_t slot_prefix, void* data, size_t count, size_t bytes,
+                          const ReduceKernel& kernel, uint32_t tag, std::chrono::milliseconds timeout);
+
 // See Note [Direct reduce-scatter] in gloo_exchange_allreduce.cpp.
 // `inputs[r]` is this rank's chunk for rank r, `counts[r]` elements of
 // `element_bytes` each; rank `context->rank`'s reduced chunk is written to

@@ -44,7 +44,12 @@ void GlooCoordinator::barrier() {
 
 void GlooCoordinator::reduce_among(void* data, size_t count, size_t bytes, const std::vector<int>& members,
                                    const ReduceKernel& kernel) {
-  exchange_among(context_, members, kAmongSlotPrefix, data, count, bytes, kernel, tag_, left());
+  // Both combine in member order: the same bits whichever runs.
+  if (members.size() > 2 && bytes > kExchangeAllreduceMaxBytes) {
+    scatter_gather_among(context_, members, kAmongSlotPrefix, data, count, bytes, kernel, tag_, left());
+  } else {
+    exchange_among(context_, members, kAmongSlotPrefix, data, count, bytes, kernel, tag_, left());
+  }
 }
 
 bool use_shared_allreduce(size_t bytes, int ranks) {

@@ -86,7 +86,9 @@ namespace ddp::internal::shm {
 // host's buffers (its own values, then its host's others in rank order),
 // then reduces that part with the ranks of local index j on the other hosts
 // through the transport (Coordinator::reduce_among, in rank order, so that
-// every host gets the same bits), and copies it into its host's buffers.
+// every host gets the same bits; on three hosts or more a reduce-scatter
+// and an all-gather, Note [Reduced among hosts] in
+// gloo_exchange_allreduce.cpp), and copies it into its host's buffers.
 //
 // All-gather (allgather_into_tensor; one host only), when every rank's
 // input is the same range of one shared buffer (the same check): after that

@@ -1,9 +1,11 @@
 #!/usr/bin/env bash
-# Gloo's buffers in shared memory across hosts: two hosts made of network
+# Gloo's buffers in shared memory across hosts: hosts made of network
 # namespaces (a bridge in this namespace, a veth pair into each), ranks
 # started in them with nsenter. Ranks in different network namespaces are
 # different hosts to ddp (Note [Shared buffers]).
 #   2 + 2 ranks: each host's ranks share buffers, the hosts reduce over TCP;
+#   2 + 2 + 2 ranks: the same, the hosts' reduction a reduce-scatter and an
+#     all-gather (Note [Reduced among hosts]);
 #   2 + 1 ranks: uneven hosts, every buffer private, every byte over TCP.
 # Each layout's ranks check their results (shm_hosts_main.cpp). Needs root
 # (CI runs as root), ip, nsenter.
@@ -16,7 +18,7 @@ port=$((20000 + $$ % 20000))
 status=0
 
 cleanup() {
-  for n in 1 2; do ip netns del "${ns}n$n" 2>/dev/null; done
+  for n in 1 2 3; do ip netns del "${ns}n$n" 2>/dev/null; done
   ip link del "${ns}br" 2>/dev/null
 }
 trap cleanup EXIT
@@ -25,7 +27,7 @@ for tool in ip nsenter; do
   command -v "$tool" >/dev/null || { echo "shm_hosts.sh: FAILED: $tool not found (Debian: iproute2, util-linux)"; exit 1; }
 done
 ip link add "${ns}br" type bridge && ip link set "${ns}br" up || { echo "shm_hosts.sh: FAILED: cannot make a bridge (root?)"; exit 1; }
-for n in 1 2; do
+for n in 1 2 3; do
   ip netns add "${ns}n$n" &&
     ip link add "${ns}v$n" type veth peer name eth0 netns "${ns}n$n" &&
     ip link set "${ns}v$n" master "${ns}br" &&
@@ -61,6 +63,8 @@ run_layout() {
 
 run_layout shared 1 1 2 2
 run_layout shared 1 2 1 2
+run_layout shared 1 1 2 2 3 3
+run_layout shared 1 3 2 2 3 1
 run_layout private 1 1 2
 [ "$status" = 0 ] && echo "shm_hosts.sh: all layouts passed"
 exit $status
