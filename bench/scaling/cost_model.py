@@ -53,9 +53,10 @@ own CPU work (Gloo's threads, the kernel's TCP) competes with compute, so
 what DDP's buckets hide behind backward on a GPU is not hidden here. And on
 a simulated cluster, where every host is this machine, the bytes cost CPU
 time too (measured by link_probe.py: ns per byte through the switch, and
-through loopback between ranks of one host); with the cores busy, a step's
-communication takes the longer of its network time and that CPU time shared
-over the cores. Where the model is known to be wrong: docs/scaling.md.
+through loopback between ranks of one host; and what the collectives copy
+and reduce in memory themselves, call_memory_bytes, at a memory copy's ns
+per byte); with the cores busy, a step's communication takes the longer of
+its network time and that CPU time shared over the cores. Where the model is known to be wrong: docs/scaling.md.
 """
 
 import argparse
@@ -171,18 +172,52 @@ def call_bytes(op, sent, n, members, per_host, backend="gloo"):
     return total * crossing, total * (1 - crossing)
 
 
+# A reduction out = a + b reads two bytes and writes one for each byte of out: taken as 1.5 of a
+# copy's cost per byte (a copy reads one and writes one).
+REDUCTION_COPIES = 1.5
+
+
+def call_memory_bytes(op, sent, n, members, per_host, backend="gloo"):
+    """The bytes this rank's CPU copies for the operation outside the kernels' TCP, each
+    reduction counted as REDUCTION_COPIES copies of its output (Gloo's algorithms, ddp's shared
+    buffers; docs/scaling.md). The kernels' copies are the link and loopback costs above."""
+    world, hosts, g, _ = group_shape(members, per_host)
+    if world <= 1 or backend != "gloo":
+        return 0.0
+    if op in ("reduce_scatter", "reduce_scatter_tensor"):
+        # Every peer's chunk added to this rank's (over TCP, or read from shared memory).
+        return REDUCTION_COPIES * (world - 1) * n
+    if hosts <= 1:
+        return 0.0  # other operations within a host: FSDP's gathers in common memory copy nothing
+    if hierarchical(op, n, members, per_host, backend):
+        part = n / g
+        # This rank's part of the host's g buffers reduced; among the hosts, on two the exchange
+        # (its part copied in and out of the receive buffer, one reduction), on more this rank's
+        # chunk copied and h - 1 reductions of it; the result copied into the host's g - 1 others.
+        among = (2 + REDUCTION_COPIES) * part if hosts == 2 else (1 + REDUCTION_COPIES * (hosts - 1)) * part / hosts
+        return REDUCTION_COPIES * (g - 1) * part + among + (g - 1) * part
+    if op in ("allreduce", "allreduce_coalesced"):
+        if n <= EXCHANGE_MAX_BYTES and world <= EXCHANGE_MAX_RANKS:
+            return REDUCTION_COPIES * (world - 1) * n
+        return REDUCTION_COPIES * (world - 1) / world * n  # the ring's reduce-scatter half
+    if op in ("allgather", "allgather_into_tensor"):
+        return n  # this rank's own input into the output
+    return 0.0
+
+
 def predict(compute_s, report, per_host, bandwidth, latency, backend="gloo", cpu=None):
     """(step seconds, communication seconds) for the last step of a plan report.
 
     `cpu`, for a simulated cluster on one machine: {"cores", "ns_per_byte_link",
-    "ns_per_byte_loopback"}. The communication then also costs the machine CPU time (every
-    byte through the kernels and the switch), which, with every core busy, does not overlap:
-    a step's communication takes the longer of its network time and that CPU time over the
-    cores."""
+    "ns_per_byte_loopback", "ns_per_byte_memory"}. The communication then also costs the
+    machine CPU time (every byte through the kernels and the switch, and the bytes the
+    collectives copy and reduce in memory, call_memory_bytes, at a copy's cost per byte), which,
+    with every core busy, does not overlap: a step's communication takes the longer of its
+    network time and that CPU time over the cores."""
     groups = report["groups"]
     world = len(groups[0]) if groups else 1
     network = 0.0
-    crossing = loopback = 0.0
+    crossing = loopback = memory = 0.0
     for op, sent, n, group in report["last_step_calls"]:
         members = groups[group]
         network += call_seconds(op, sent, n, members, per_host, bandwidth, latency, backend)
@@ -190,9 +225,11 @@ def predict(compute_s, report, per_host, bandwidth, latency, backend="gloo", cpu
         instances = world / len(members)
         crossing += c * instances
         loopback += lo * instances
+        memory += call_memory_bytes(op, sent, n, members, per_host, backend) * world  # every rank's
     comm = network
     if cpu is not None:
-        cpu_s = (crossing * cpu["ns_per_byte_link"] + loopback * cpu["ns_per_byte_loopback"]) * 1e-9 / cpu["cores"]
+        cpu_s = (crossing * cpu["ns_per_byte_link"] + loopback * cpu["ns_per_byte_loopback"] +
+                 memory * cpu.get("ns_per_byte_memory", 0.0)) * 1e-9 / cpu["cores"]
         comm = max(network, cpu_s)
     return compute_s + comm, comm
 

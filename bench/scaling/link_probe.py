@@ -5,7 +5,8 @@ connection, and the machine's CPU time per byte sent (every core's busy
 time, from /proc/stat, over the transfer: the sender's and receiver's
 kernels, the switch). `link_probe.py server` on one host, `link_probe.py
 client ADDR MIB` on another (or on the same host, for loopback); the client
-prints `link_probe rtt_us=... mbit_s=... cpu_ns_per_byte=...`."""
+prints `link_probe rtt_us=... mbit_s=... cpu_ns_per_byte=...`. `link_probe.py
+memory` prints the CPU time per byte of a memory copy."""
 import os
 import socket
 import sys
@@ -35,6 +36,20 @@ def busy_seconds():
     fields = [int(v) for v in open("/proc/stat").readline().split()[1:]]
     user, nice, system, idle, iowait, irq, softirq, steal = fields[:8]
     return (user + nice + system + irq + softirq + steal) / os.sysconf("SC_CLK_TCK")
+
+
+def memory_ns_per_byte(mib=64, repeats=10):
+    """This machine's CPU time per byte of a memory copy (the fastest of `repeats` copies of
+    `mib` MiB, one core, the machine idle): what the collectives' own copies and reductions cost
+    per byte in cost_model.py."""
+    source = bytearray(b"\1" * (mib << 20))
+    target = bytearray(len(source))
+    best = float("inf")
+    for _ in range(repeats):
+        start = time.perf_counter()
+        target[:] = source
+        best = min(best, time.perf_counter() - start)
+    return best * 1e9 / len(source)
 
 
 def client(address, mib):
@@ -70,5 +85,7 @@ def client(address, mib):
 if __name__ == "__main__":
     if sys.argv[1] == "server":
         server()
+    elif sys.argv[1] == "memory":
+        print(f"link_probe memory_ns_per_byte={memory_ns_per_byte():.4f}")
     else:
         client(sys.argv[2], int(sys.argv[3]))

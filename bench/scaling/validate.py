@@ -3,7 +3,7 @@
 
 For each topology (hosts x ranks per host), each strategy (DDP, ZeRO, FSDP,
 HSDP) and each link (bandwidth, latency): the compute of a step (the median
-of three fake runs) and its collectives from the fake backend (as many
+of five fake runs) and its collectives from the fake backend (as many
 processes at once as the job has, each playing its rank, writing its plan
 report), the model's prediction from them, and the step time of the real
 job on network namespaces joined by ddp_netsim's switch (examples/gpt
@@ -29,6 +29,7 @@ import time
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, HERE)
 import cost_model  # noqa: E402
+import link_probe  # noqa: E402
 
 # A GPT whose gradients (51 MB) take longer to send over a 1 Gbit/s link
 # than its step takes to compute on one core, so that the network decides.
@@ -139,7 +140,7 @@ def main():
     parser.add_argument("--emulate", action="store_true",
                         help="also run each job's fake run on a simulated link (DDP_FAKE_LINK, the probed figures): "
                         "the step time it gives is the emulated prediction, overlap included")
-    parser.add_argument("--compute-runs", type=int, default=3,
+    parser.add_argument("--compute-runs", type=int, default=5,
                         help="fake runs per topology and strategy; the model takes their median compute")
     parser.add_argument("--measured", help="a results.json of an earlier run: take its real jobs' step times and "
                         "its probes instead of running them again (the fake runs and the model run anew)")
@@ -148,6 +149,9 @@ def main():
     os.makedirs(args.out, exist_ok=True)
     topologies = [(2, 1)] if args.quick else TOPOLOGIES
     links = LINKS[:2] if args.quick else LINKS
+    # The CPU per byte of a memory copy, on the idle machine, before anything runs.
+    ns_memory = link_probe.memory_ns_per_byte()
+    print(f"validate: a memory copy costs {ns_memory:.3f} ns of CPU per byte", flush=True)
     computes = {}
     for hosts, per_host in topologies:
         for strategy in STRATEGIES:
@@ -178,7 +182,8 @@ def main():
                 else:
                     cluster("up", f"{build}/bench/ddp_netsim", hosts, mbit, latency_us)
                     latency, bandwidth, ns_link, ns_loopback = probe_link()
-                cpu = {"cores": os.cpu_count(), "ns_per_byte_link": ns_link, "ns_per_byte_loopback": ns_loopback}
+                cpu = {"cores": os.cpu_count(), "ns_per_byte_link": ns_link, "ns_per_byte_loopback": ns_loopback,
+                       "ns_per_byte_memory": ns_memory}
                 for strategy in STRATEGIES:
                     port += 1
                     compute, report = computes[(hosts, per_host, strategy)]
@@ -197,6 +202,7 @@ def main():
                     row = dict(hosts=hosts, per_host=per_host, mbit=mbit, latency_us=latency_us, strategy=strategy,
                                probe_mbit=bandwidth * 8 / 1e6, probe_latency_us=latency * 1e6,
                                cpu_ns_per_byte_link=ns_link, cpu_ns_per_byte_loopback=ns_loopback,
+                               cpu_ns_per_byte_memory=ns_memory,
                                compute_ms=compute * 1e3, comm_ms=comm * 1e3, predicted_ms=predicted * 1e3,
                                nominal_ms=nominal * 1e3, measured_ms=measured * 1e3,
                                error=predicted / measured - 1)
