@@ -142,6 +142,8 @@ def main():
                         "the step time it gives is the emulated prediction, overlap included")
     parser.add_argument("--compute-runs", type=int, default=5,
                         help="fake runs per topology and strategy; the model takes their median compute")
+    parser.add_argument("--repeats", type=int, default=1,
+                        help="launches of each real job; its step time is their median (mean of two)")
     parser.add_argument("--measured", help="a results.json of an earlier run: take its real jobs' step times and "
                         "its probes instead of running them again (the fake runs and the model run anew)")
     args = parser.parse_args()
@@ -193,7 +195,11 @@ def main():
                     if args.measured:
                         measured = earlier[(hosts, per_host, mbit, latency_us, strategy)]["measured_ms"] / 1e3
                     else:
-                        measured = real_run(build, hosts, per_host, strategy, port, args.out)
+                        runs = []
+                        for _ in range(args.repeats):
+                            port += 1
+                            runs.append(real_run(build, hosts, per_host, strategy, port, args.out))
+                        measured = statistics.median(runs)
                     emulated = None
                     if args.emulate:
                         link = (f"gbit={bandwidth * 8 / 1e9:.4f},latency_us={latency * 1e6:.1f},per_host={per_host},"
@@ -206,6 +212,8 @@ def main():
                                compute_ms=compute * 1e3, comm_ms=comm * 1e3, predicted_ms=predicted * 1e3,
                                nominal_ms=nominal * 1e3, measured_ms=measured * 1e3,
                                error=predicted / measured - 1)
+                    if not args.measured:
+                        row.update(measured_runs_ms=[r * 1e3 for r in runs])
                     if emulated is not None:
                         row.update(emulated_ms=emulated * 1e3, emulated_error=emulated / measured - 1)
                     rows.append(row)
