@@ -60,6 +60,7 @@ its network time and that CPU time shared over the cores. Where the model is kno
 """
 
 import argparse
+import functools
 import json
 import math
 import sys
@@ -94,7 +95,13 @@ def hierarchical(op, n, members, per_host, backend):
 
 def binomial_rounds(members, per_host):
     """Gloo's broadcast, for each root of the group: per round, (the most sends into or out of one
-    host that cross its link, the sends that cross, the sends within a host)."""
+    host that cross its link, the sends that cross, the sends within a host). Worked out once per
+    group (ZeRO broadcasts on the same group W times a step)."""
+    return _binomial_rounds(tuple(members), per_host)
+
+
+@functools.lru_cache(maxsize=None)
+def _binomial_rounds(members, per_host):
     size = len(members)
     dim = max(1, math.ceil(math.log2(size)))
     roots = []

@@ -6,8 +6,10 @@
 #include <cmath>
 #include <cstdlib>
 #include <map>
+#include <mutex>
 #include <sstream>
 #include <tuple>
+#include <utility>
 
 #include "internal/check.h"
 #include "internal/env.h"
@@ -64,21 +66,22 @@ bool is_op(const std::string& op, std::initializer_list<const char*> names) {
 // root (cost_model.py's binomial_rounds): in round i each rank holding the
 // tensor sends it 2^i further, and a round costs a latency and k tensors
 // over the link, k the most sends into or out of one host that cross it.
-// Returns (seconds, tensors crossing host links, tensors within hosts).
-struct TreeCost {
-  double seconds = 0;
-  double crossing = 0;
-  double local = 0;
+// The tree's shape depends on the group alone, so it is worked out once per
+// group (ZeRO broadcasts on the same group W times a step).
+struct TreeShape {
+  double crossing_rounds = 0; // rounds that cross a link, per root
+  double tensors = 0;         // the sum of those rounds' k, per root
+  double crossing = 0;        // sends across a link, per root
+  double local = 0;           // sends within a host, per root
 };
 
-TreeCost binomial_broadcast(const std::vector<int>& members, int per_host, double n, double bandwidth,
-                            double latency) {
+TreeShape tree_shape_of(const std::vector<int>& members, int per_host) {
   const size_t size = members.size();
   size_t dim = 1;
   while ((size_t{1} << dim) < size) {
     ++dim;
   }
-  TreeCost cost;
+  TreeShape shape;
   for (size_t root = 0; root < size; ++root) {
     for (size_t i = 0; i < dim; ++i) {
       std::map<int, int> out;
@@ -92,22 +95,34 @@ TreeCost binomial_broadcast(const std::vector<int>& members, int per_host, doubl
         const int a = members[(v + root) % size] / per_host;
         const int b = members[(peer + root) % size] / per_host;
         if (a == b) {
-          cost.local += 1;
+          shape.local += 1;
           continue;
         }
-        cost.crossing += 1;
+        shape.crossing += 1;
         most = std::max({most, ++out[a], ++into[b]});
       }
-      if (most > 0) {
-        cost.seconds += latency + most * n / bandwidth;
-      }
+      shape.crossing_rounds += most > 0 ? 1 : 0;
+      shape.tensors += most;
     }
   }
   const auto roots = static_cast<double>(size);
-  cost.seconds /= roots;
-  cost.crossing /= roots;
-  cost.local /= roots;
-  return cost;
+  shape.crossing_rounds /= roots;
+  shape.tensors /= roots;
+  shape.crossing /= roots;
+  shape.local /= roots;
+  return shape;
+}
+
+TreeShape binomial_broadcast(const std::vector<int>& members, int per_host) {
+  static std::mutex mutex;
+  static std::map<std::pair<std::vector<int>, int>, TreeShape> shapes;
+  std::lock_guard<std::mutex> lock(mutex);
+  auto key = std::make_pair(members, per_host);
+  auto found = shapes.find(key);
+  if (found == shapes.end()) {
+    found = shapes.emplace(std::move(key), tree_shape_of(members, per_host)).first;
+  }
+  return found->second;
 }
 
 // An allreduce Gloo reduces in shared memory within each host and among
@@ -228,9 +243,8 @@ FakeCost fake_call_cost(const FakeLink& link, const std::string& op, int64_t sen
   double crossing = 0;
   double loopback = 0;
   if (op == "broadcast") {
-    const TreeCost tree =
-        binomial_broadcast(members, link.per_host, bytes, link.bandwidth / shape.sharing, link.latency);
-    cost.network_s = tree.seconds;
+    const TreeShape tree = binomial_broadcast(members, link.per_host);
+    cost.network_s = tree.crossing_rounds * link.latency + tree.tensors * bytes * shape.sharing / link.bandwidth;
     crossing = tree.crossing * bytes;
     loopback = tree.local * bytes;
   } else {
