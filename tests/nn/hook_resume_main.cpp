@@ -238,9 +238,9 @@ int main(int argc, char** argv) {
       std::fprintf(stderr, "usage: ddp_hook_resume_main DIR\n");
       return 2;
     }
-    const std::string dir = argv[1];
     torch::set_num_threads(1);
     auto group = ddp::init_process_group();
+    const std::string dir = ddp_test::run_directory(argv[1], "hook_resume_main", *group);
     Report report("ddp_hook_resume_main (rank " + std::to_string(group->rank()) + " of " +
                   std::to_string(group->size()) + ")");
     const auto start = PowerSGDOptions().start_powerSGD_iter(2);

@@ -11,10 +11,15 @@
 
 #include <torch/torch.h>
 
+#include <sys/stat.h>
+
+#include <cerrno>
 #include <cstdio>
+#include <cstring>
 #include <fstream>
 #include <functional>
 #include <memory>
+#include <stdexcept>
 #include <string>
 #include <vector>
 
@@ -186,6 +191,21 @@ inline void write_rank_pickle(const c10::IValue& value, const std::string& prefi
   const auto bytes = torch::pickle_save(value);
   std::ofstream(prefix + ".rank" + std::to_string(rank) + ".pt", std::ios::binary)
       .write(bytes.data(), static_cast<std::streamsize>(bytes.size()));
+}
+
+/// `<parent>/<program>_<backend>_<world size>`, created if missing: the
+/// files of one run, apart from those of the same program's other tests
+/// (on another backend or world size), which ctest may run at the same time.
+inline std::string run_directory(const std::string& parent, const std::string& program,
+                                 const ddp::ProcessGroup& group) {
+  const std::string dir =
+      parent + "/" + program + "_" + group.backend_name() + "_" + std::to_string(group.size());
+  // (Not std::filesystem: PyPI's LibTorch exports a copy of it that shadows
+  // libstdc++'s, PyTorch issue 133437.)
+  if (::mkdir(dir.c_str(), 0777) != 0 && errno != EEXIST) {
+    throw std::runtime_error("cannot create " + dir + ": " + std::strerror(errno));
+  }
+  return dir;
 }
 
 } // namespace ddp_test

@@ -16,11 +16,7 @@
 
 #include <torch/torch.h>
 
-#include <sys/stat.h>
-
-#include <cerrno>
 #include <cstdio>
-#include <cstring>
 #include <functional>
 #include <memory>
 #include <optional>
@@ -615,14 +611,7 @@ int main(int argc, char** argv) {
       fewer_ranks.push_back(r);
     }
     auto fewer = group->size() > 1 ? ddp::new_group(fewer_ranks) : nullptr;
-    // Per backend and world size: those tests may run at the same time.
-    const std::string dir = std::string(argv[1]) + "/zero_main_" + group->backend_name() + "_" +
-                            std::to_string(group->size());
-    // (Not std::filesystem: PyPI's LibTorch exports a copy of it that
-    // shadows libstdc++'s, PyTorch issue 133437.)
-    if (::mkdir(dir.c_str(), 0777) != 0 && errno != EEXIST) {
-      throw std::runtime_error("cannot create " + dir + ": " + std::strerror(errno));
-    }
+    const std::string dir = ddp_test::run_directory(argv[1], "zero_main", *group);
     for (const auto& config : configs()) {
       parity(report, *group, config);
       parity(report, *group, config, Overlap{"4 buckets", tiny_buckets()});
