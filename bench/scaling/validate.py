@@ -80,7 +80,10 @@ def fake_run(build, hosts, per_host, strategy, out, link=None):
         env = {k: v for k, v in os.environ.items() if k not in ("MASTER_ADDR", "MASTER_PORT")}
         env.update(DDP_BACKEND="fake", RANK=str(rank), WORLD_SIZE=str(world), LOCAL_RANK=str(rank % per_host),
                    LOCAL_WORLD_SIZE=str(per_host), GROUP_RANK=str(rank // per_host), DDP_PLAN_REPORT=folder,
-                   OMP_NUM_THREADS="1")
+                   OMP_NUM_THREADS="1",
+                   # Buffers shared among a host's ranks where the real job's Gloo shares them
+                   # (FSDP's gathers on one host in common memory: no copies).
+                   DDP_FAKE_SHM="1")
         if link:
             env["DDP_FAKE_LINK"] = link
         procs.append(subprocess.Popen([f"{build}/examples/gpt_train"] + MODEL + STRATEGIES[strategy], env=env,

@@ -33,7 +33,8 @@ ddp_add_part(ddp_comm
   src/comm/slurm_env.cpp
   src/comm/subgroups.cpp
   src/comm/fake/process_group_fake.cpp
-  src/comm/fake/fake_link.cpp)
+  src/comm/fake/fake_link.cpp
+  src/comm/fake/fake_shared_buffers.cpp)
 
 # The backends' parts reuse this precompiled <ATen/ATen.h> (set in their
 # files): compiling one costs ~22 s of CPU, and the README's first command

@@ -143,6 +143,11 @@ inline constexpr EnvVar kEnvFakeLink{"DDP_FAKE_LINK", nullptr,
     "prices it at instead of at once, so that a step's time includes its communication and "
     "what overlaps it (Note [A simulated link], docs/scaling.md). Unset or empty: operations "
     "complete at once."};
+inline constexpr EnvVar kEnvFakeShm{"DDP_FAKE_SHM", "0",
+    "With the fake backend: 1 hands out DDP's buckets and FSDP's buffers as if in memory the "
+    "ranks of a host map, where Gloo would (LOCAL_WORLD_SIZE ranks per host, or DDP_FAKE_LINK's "
+    "per_host), so that FSDP's units on one host gather in common memory as a real Gloo job's do "
+    "(Note [Shared buffers in the fake]); 0: every buffer is private."};
 inline constexpr EnvVar kEnvNcclCollectiveCheck{"DDP_NCCL_COLLECTIVE_CHECK", "auto",
     "The NCCL backend's collective fingerprint check (Note [NCCL fingerprint check]): auto (with "
     "two ranks or more), on (with one rank too: what measures its cost on one GPU), off (never; "

@@ -13,6 +13,7 @@
 #include <ddp/ddp.h>
 
 #include "comm/fake/fake_link.h"
+#include "testing/errors.h"
 
 namespace ddp {
 namespace {
@@ -298,6 +299,118 @@ TEST(FakeProcessGroup, InitProcessGroupFromTheEnvironment) {
     EXPECT_NE(message.find("RANK and WORLD_SIZE"), std::string::npos) << message;
   }
   EXPECT_FALSE(is_initialized());
+}
+
+// Note [Shared buffers in the fake]: with DDP_FAKE_SHM=1 the fake shares
+// buffers where Gloo would, from LOCAL_WORLD_SIZE's layout: among ranks on
+// one host, or on hosts that hold the same number (two or more) of them;
+// common buffers on one host only; large CPU buffers only.
+TEST(FakeProcessGroup, SharesBuffersWhereGlooWould) {
+  const auto big = torch::TensorOptions().dtype(torch::kFloat);
+  const int64_t numel = 1 << 14; // 64 KiB: Gloo's shared_memory_min_bytes
+  ::unsetenv("DDP_FAKE_LINK");
+  ::unsetenv("LOCAL_WORLD_SIZE");
+  ::unsetenv("DDP_FAKE_SHM");
+  {
+    // By default nothing is shared.
+    auto group = FakeProcessGroup::create(1, 2);
+    EXPECT_FALSE(group->reduces_in_shared_memory());
+    EXPECT_FALSE(group->is_shared_buffer(group->allocate_collective_buffer(numel, big)));
+    EXPECT_FALSE(group->allocate_common_buffer(numel, big).defined());
+  }
+  ::setenv("DDP_FAKE_SHM", "1", 1);
+  ::setenv("LOCAL_WORLD_SIZE", "2", 1);
+  {
+    // Rank 1 of 2, one host: collective and common buffers, zero-filled.
+    auto group = FakeProcessGroup::create(1, 2);
+    EXPECT_TRUE(group->reduces_in_shared_memory());
+    const auto bucket = group->allocate_collective_buffer(numel, big);
+    ASSERT_EQ(bucket.numel(), numel);
+    EXPECT_TRUE(group->is_shared_buffer(bucket));
+    EXPECT_TRUE(group->is_shared_buffer(bucket.narrow(0, numel / 2, 10)));
+    EXPECT_TRUE(bucket.eq(0).all().item<bool>());
+    EXPECT_FALSE(group->is_shared_buffer(torch::zeros({numel})));
+    // Below 64 KiB, or not on the CPU: private.
+    EXPECT_FALSE(group->is_shared_buffer(group->allocate_collective_buffer(numel - 1, big)));
+    EXPECT_FALSE(group->is_shared_buffer(group->allocate_collective_buffer(numel, big.device(torch::kMeta))));
+    const auto common = group->allocate_common_buffer(numel, big);
+    ASSERT_TRUE(common.defined());
+    EXPECT_EQ(common.numel(), numel);
+    EXPECT_TRUE(group->is_shared_buffer(common));
+    EXPECT_FALSE(group->allocate_common_buffer(numel - 1, big).defined());
+  }
+  {
+    // 8 ranks on 4 hosts of 2: shared buffers, no common ones.
+    auto group = FakeProcessGroup::create(3, 8);
+    EXPECT_TRUE(group->is_shared_buffer(group->allocate_collective_buffer(numel, big)));
+    EXPECT_FALSE(group->allocate_common_buffer(numel, big).defined());
+  }
+  {
+    // 8 ranks on hosts of 3, 3 and 2 (uneven): nothing shared, as on Gloo.
+    ::setenv("LOCAL_WORLD_SIZE", "3", 1);
+    auto group = FakeProcessGroup::create(3, 8);
+    EXPECT_FALSE(group->is_shared_buffer(group->allocate_collective_buffer(numel, big)));
+    EXPECT_FALSE(group->allocate_common_buffer(numel, big).defined());
+  }
+  {
+    // One rank a host: nothing to share.
+    ::setenv("LOCAL_WORLD_SIZE", "1", 1);
+    auto group = FakeProcessGroup::create(3, 4);
+    EXPECT_FALSE(group->is_shared_buffer(group->allocate_collective_buffer(numel, big)));
+  }
+  {
+    // Subgroups by their world ranks: HSDP's shard group within a host
+    // shares a common buffer, its replicate group across hosts none.
+    ::setenv("LOCAL_WORLD_SIZE", "2", 1);
+    ::setenv("DDP_BACKEND", "fake", 1);
+    ::setenv("RANK", "3", 1);
+    ::setenv("WORLD_SIZE", "8", 1);
+    init_process_group();
+    auto shard = new_group({2, 3});
+    auto replicate = new_group({1, 3, 5, 7});
+    EXPECT_TRUE(shard->allocate_common_buffer(numel, big).defined());
+    EXPECT_FALSE(replicate->allocate_common_buffer(numel, big).defined());
+    EXPECT_FALSE(replicate->is_shared_buffer(replicate->allocate_collective_buffer(numel, big)));
+    destroy_process_group();
+    ::unsetenv("DDP_BACKEND");
+    ::unsetenv("RANK");
+    ::unsetenv("WORLD_SIZE");
+  }
+  // A value that is neither 0 nor 1, and no layout: errors naming them.
+  ::setenv("DDP_FAKE_SHM", "yes", 1);
+  DDP_EXPECT_ERROR(FakeProcessGroup::create(0, 2), "DDP_FAKE_SHM must be 0 or 1 (got 'yes')");
+  ::setenv("DDP_FAKE_SHM", "1", 1);
+  ::unsetenv("LOCAL_WORLD_SIZE");
+  DDP_EXPECT_ERROR(FakeProcessGroup::create(0, 2), "set LOCAL_WORLD_SIZE");
+  ::unsetenv("DDP_FAKE_SHM");
+}
+
+// FSDP on a fake group of one host with DDP_FAKE_SHM=1 takes a real Gloo
+// job's paths: each unit gathered in common memory (a barrier, no
+// all-gather) and its gradients reduce-scattered in a shared buffer.
+TEST(FakeProcessGroup, FsdpGathersInCommonMemoryWithSharedBuffers) {
+  ::unsetenv("DDP_FAKE_LINK");
+  ::setenv("DDP_FAKE_SHM", "1", 1);
+  ::setenv("LOCAL_WORLD_SIZE", "2", 1);
+  auto group = FakeProcessGroup::create(1, 2);
+  ::unsetenv("DDP_FAKE_SHM");
+  ::unsetenv("LOCAL_WORLD_SIZE");
+  torch::nn::Sequential net(torch::nn::Linear(256, 256), torch::nn::Tanh(), torch::nn::Linear(256, 256));
+  FullyShardedDataParallel model(net, FullyShardedDataParallelOptions().process_group(group));
+  ASSERT_EQ(model->num_units(), 2u);
+  for (const auto& p : model->parameters()) {
+    EXPECT_TRUE(group->is_shared_buffer(p)) << "a shard outside the common buffer";
+  }
+  group->reset_traffic();
+  torch::optim::SGD optimizer(model->parameters(), 0.1);
+  model(torch::randn({4, 256})).sum().backward();
+  optimizer.step();
+  const auto traffic = group->traffic();
+  EXPECT_EQ(traffic.count("allgather_into_tensor"), 0u);
+  ASSERT_EQ(traffic.count("barrier"), 1u);
+  EXPECT_GE(traffic.at("barrier").calls, 2);
+  ASSERT_EQ(traffic.count("reduce_scatter"), 1u);
+  EXPECT_EQ(traffic.at("reduce_scatter").calls, 2);
 }
 
 // Note [A simulated link]: an operation's cost is the cost model's

@@ -19,6 +19,7 @@ namespace ddp {
 namespace internal {
 struct FakeLink;
 class FakeWire;
+class FakeSharedBuffers;
 } // namespace internal
 
 /// What the collectives of one kind ("allreduce", "allgather", ...) issued
@@ -66,7 +67,11 @@ struct FakeTraffic {
 /// group. With DDP_FAKE_LINK set when the group is made (e.g.
 /// `gbit=1,latency_us=100,per_host=2`), an operation's Work completes not at
 /// once but after the time a link so described would take (docs/scaling.md,
-/// "Overlap"); its outputs are there at once all the same. Thread-safe.
+/// "Overlap"); its outputs are there at once all the same. With
+/// DDP_FAKE_SHM=1, buffers are shared among the ranks of a host where Gloo
+/// would share them (`allocate_collective_buffer`, `allocate_common_buffer`:
+/// the same paths as a real Gloo job, FSDP's gathers on one host in common
+/// memory; docs/scaling.md). Thread-safe.
 class FakeProcessGroup : public ProcessGroup {
  public:
   /// Rank `rank` of `size`.
@@ -102,6 +107,15 @@ class FakeProcessGroup : public ProcessGroup {
   std::shared_ptr<Work> send(const at::Tensor& tensor, int dst_rank, const PointToPointOptions& options = {}) override;
   std::shared_ptr<Work> recv(const at::Tensor& tensor, int src_rank, const PointToPointOptions& options = {}) override;
 
+  /// With DDP_FAKE_SHM=1, as Gloo on the layout of LOCAL_WORLD_SIZE ranks a
+  /// host (or DDP_FAKE_LINK's per_host): a buffer "shared" by the host's
+  /// ranks (this process's own memory), else a private one as by default.
+  at::Tensor allocate_collective_buffer(int64_t numel, const at::TensorOptions& options) override;
+  at::Tensor allocate_common_buffer(int64_t numel, const at::TensorOptions& options) override;
+  bool is_shared_buffer(const at::Tensor& tensor) const override;
+  /// True with DDP_FAKE_SHM=1.
+  bool reduces_in_shared_memory() const override;
+
   /// What each kind of operation issued so far would have cost this rank,
   /// by name ("allreduce", "allgather_into_tensor", ...).
   std::map<std::string, FakeTraffic> traffic() const;
@@ -114,6 +128,9 @@ class FakeProcessGroup : public ProcessGroup {
   // `tensor_bytes`: the operation's tensor on this rank (an allgather's or
   // alltoall's input, a reduce_scatter's or scatter's output), for the plan.
   std::shared_ptr<Work> done(const char* op, int64_t bytes_sent, int64_t tensor_bytes, std::vector<at::Tensor> result);
+  // This group's world ranks (found at the first call: a subgroup is
+  // registered after it is made).
+  std::vector<int> members();
 
   mutable std::mutex mutex_;
   std::map<std::string, FakeTraffic> traffic_; // guarded by mutex_
@@ -123,6 +140,8 @@ class FakeProcessGroup : public ProcessGroup {
   std::unique_ptr<internal::FakeLink> link_;
   int link_world_ = 0; // the world's size, for the link's prices
   std::unique_ptr<internal::FakeWire> wire_;
+  // DDP_FAKE_SHM=1: Note [Shared buffers in the fake]; null otherwise.
+  std::unique_ptr<internal::FakeSharedBuffers> shared_;
 };
 
 } // namespace ddp

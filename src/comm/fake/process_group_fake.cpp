@@ -17,6 +17,7 @@
 #include "comm/contiguous_arguments.h"
 #include "comm/default_group.h"
 #include "comm/fake/fake_link.h"
+#include "comm/fake/fake_shared_buffers.h"
 #include "comm/reduce_kernels.h"
 #include "internal/check.h"
 #include "internal/env.h"
@@ -97,29 +98,34 @@ FakeProcessGroup::FakeProcessGroup(int rank, int size, std::chrono::milliseconds
     link_world_ = env_world ? std::max(size, std::atoi(env_world->c_str())) : size;
     wire_ = std::make_unique<internal::FakeWire>();
   }
+  shared_ = internal::FakeSharedBuffers::from_env(rank_prefix() + " fake group:", link_ ? link_->per_host : 0);
 }
 
 FakeProcessGroup::~FakeProcessGroup() = default;
 
+std::vector<int> FakeProcessGroup::members() {
+  std::lock_guard<std::mutex> lock(mutex_);
+  if (global_ranks_.empty()) {
+    // A subgroup's world ranks, from new_group's registry; the default
+    // group's (or one made by create) are 0 .. size - 1.
+    global_ranks_ = internal::subgroup_global_ranks(this);
+    if (global_ranks_.empty()) {
+      global_ranks_.resize(static_cast<size_t>(size()));
+      std::iota(global_ranks_.begin(), global_ranks_.end(), 0);
+    }
+  }
+  return global_ranks_;
+}
+
 std::shared_ptr<Work> FakeProcessGroup::done(const char* op, int64_t bytes_sent, int64_t tensor_bytes,
                                              std::vector<at::Tensor> result) {
-  std::vector<int> members;
   {
     std::lock_guard<std::mutex> lock(mutex_);
     auto& entry = traffic_[op];
     entry.calls += 1;
     entry.bytes_sent += size() > 1 ? bytes_sent : 0;
-    if (global_ranks_.empty()) {
-      // A subgroup's world ranks, from new_group's registry; the default
-      // group's (or one made by create) are 0 .. size - 1.
-      global_ranks_ = internal::subgroup_global_ranks(this);
-      if (global_ranks_.empty()) {
-        global_ranks_.resize(static_cast<size_t>(size()));
-        std::iota(global_ranks_.begin(), global_ranks_.end(), 0);
-      }
-    }
-    members = global_ranks_;
   }
+  const std::vector<int> members = this->members();
   // Note [Plan report]
   internal::plan_count_sent(op, size() > 1 ? bytes_sent : 0, tensor_bytes, this, members);
   if (wire_ == nullptr) {
@@ -268,6 +274,35 @@ std::shared_ptr<Work> FakeProcessGroup::recv(const at::Tensor& tensor, int src_r
   internal::check_point_to_point(tensor, src_rank, options.tag, rank(), size(), rank_prefix() + " recv", "source",
                                  kFakeRules);
   return done("recv", 0, static_cast<int64_t>(tensor.nbytes()), {tensor});
+}
+
+at::Tensor FakeProcessGroup::allocate_collective_buffer(int64_t numel, const at::TensorOptions& options) {
+  DDP_CHECK(numel >= 0, rank_prefix(), " allocate_collective_buffer: numel must not be negative (got ", numel, ")");
+  // Note [Shared buffers in the fake]
+  if (shared_ == nullptr || size() < 2 || !internal::FakeSharedBuffers::large_enough(numel, options) ||
+      !shared_->shares(members())) {
+    return ProcessGroup::allocate_collective_buffer(numel, options);
+  }
+  return shared_->allocate(numel, options, numel * static_cast<int64_t>(options.dtype().itemsize()));
+}
+
+at::Tensor FakeProcessGroup::allocate_common_buffer(int64_t numel, const at::TensorOptions& options) {
+  DDP_CHECK(numel >= 0, rank_prefix(), " allocate_common_buffer: numel must not be negative (got ", numel, ")");
+  const auto ranks = shared_ != nullptr && size() >= 2 ? members() : std::vector<int>{};
+  if (ranks.empty() || !internal::FakeSharedBuffers::large_enough(numel, options) || !shared_->on_one_host(ranks)) {
+    return {};
+  }
+  // As a real common buffer is counted: each of the host's ranks its part.
+  const int64_t bytes = numel * static_cast<int64_t>(options.dtype().itemsize());
+  return shared_->allocate(numel, options, bytes / size());
+}
+
+bool FakeProcessGroup::is_shared_buffer(const at::Tensor& tensor) const {
+  return shared_ != nullptr && shared_->contains(tensor);
+}
+
+bool FakeProcessGroup::reduces_in_shared_memory() const {
+  return shared_ != nullptr;
 }
 
 std::map<std::string, FakeTraffic> FakeProcessGroup::traffic() const {
