@@ -3,9 +3,10 @@
 
 For each topology (hosts x ranks per host), each strategy (DDP, ZeRO, FSDP,
 HSDP) and each link (bandwidth, latency): the compute of a step (the median
-of five fake runs) and its collectives from the fake backend (as many
-processes at once as the job has, each playing its rank, writing its plan
-report), the model's prediction from them, and the step time of the real
+of three fake runs, made right before the job) and its collectives from the
+fake backend (as many processes at once as the job has, each playing its
+rank, writing its plan report), the link's figures (the median of three
+probes), the model's prediction from them, and the step time of the real
 job on network namespaces joined by ddp_netsim's switch (examples/gpt
 under ddprun, one ddprun per host). Prints a table, measured against
 predicted.
@@ -109,13 +110,27 @@ def probe(server_host, client_host, address):
     return {key: float(value) for key, value in re.findall(r"(\w+)=([0-9.]+)", text)}
 
 
-def probe_link():
+def probe_link(repeats=3):
     """Between hosts 0 and 1: one-way latency (s), bandwidth (bytes/s) and CPU ns per byte; and
-    the CPU ns per byte between two processes of host 0 (loopback)."""
-    link = probe(1, 0, "10.77.0.2")
-    loopback = probe(0, 0, "10.77.0.1")
-    return (link["rtt_us"] * 1e-6 / 2, link["mbit_s"] * 1e6 / 8, link["cpu_ns_per_byte"],
-            loopback["cpu_ns_per_byte"])
+    the CPU ns per byte between two processes of host 0 (loopback). Each the median of `repeats`
+    probes: one probe's CPU per byte (the machine's busy time over a transfer of a few tenths of a
+    second, in 10 ms ticks) moved by up to a factor of two from one cluster to the next."""
+    links = [probe(1, 0, "10.77.0.2") for _ in range(repeats)]
+    loopbacks = [probe(0, 0, "10.77.0.1") for _ in range(repeats)]
+    return (statistics.median(p["rtt_us"] for p in links) * 1e-6 / 2,
+            statistics.median(p["mbit_s"] for p in links) * 1e6 / 8,
+            statistics.median(p["cpu_ns_per_byte"] for p in links),
+            statistics.median(p["cpu_ns_per_byte"] for p in loopbacks))
+
+
+def measure_compute(build, hosts, per_host, strategy, out, runs):
+    """(compute seconds, plan report): the median of `runs` fake runs' compute; one run's moved by
+    up to a third from one run to the next on these 2 cores (2 x 2 DDP: 216 and 288 ms)."""
+    results = [fake_run(build, hosts, per_host, strategy, out) for _ in range(runs)]
+    compute = statistics.median(c for c, _ in results)
+    print(f"validate: compute {strategy} {hosts}x{per_host}: {compute * 1e3:.1f} ms (median of "
+          + ", ".join(f"{c * 1e3:.0f}" for c, _ in results) + ")", flush=True)
+    return compute, results[0][1]
 
 
 def real_run(build, hosts, per_host, strategy, port, out):
@@ -135,38 +150,79 @@ def real_run(build, hosts, per_host, strategy, port, out):
     return step_seconds(output, world)[0]
 
 
+def price(rows):
+    """Sets each row's prediction (predicted_ms, comm_ms, nominal_ms, error) from its compute, its
+    plan and the links' figures. The CPU per byte through the switch is a property of the machine
+    and the link's rate, and through loopback of the machine alone, while one cluster's probes
+    (three transfers of a few tenths of a second, in 10 ms ticks of busy time) still moved by
+    half from one cluster to the next (0.97 to 1.53 ns at 10 Gbit/s): the model takes the median
+    of every cluster's probe of the same rate, and of every loopback probe."""
+    clusters = {(r["hosts"], r["per_host"], r["mbit"], r["latency_us"]): r for r in rows}.values()
+    ns_link = {mbit: statistics.median(c["cpu_ns_per_byte_link"] for c in clusters if c["mbit"] == mbit)
+               for mbit in {c["mbit"] for c in clusters}}
+    ns_loopback = statistics.median(c["cpu_ns_per_byte_loopback"] for c in clusters)
+    for r in rows:
+        cpu = {"cores": os.cpu_count(), "ns_per_byte_link": ns_link[r["mbit"]], "ns_per_byte_loopback": ns_loopback,
+               "ns_per_byte_memory": r["cpu_ns_per_byte_memory"]}
+        compute, plan, per_host = r["compute_ms"] / 1e3, r["plan"], r["per_host"]
+        predicted, comm = cost_model.predict(compute, plan, per_host, r["probe_mbit"] * 1e6 / 8,
+                                             r["probe_latency_us"] * 1e-6, cpu=cpu)
+        nominal, _ = cost_model.predict(compute, plan, per_host, r["mbit"] * 1e6 / 8, r["latency_us"] * 1e-6, cpu=cpu)
+        r.update(model_cpu_ns_per_byte_link=ns_link[r["mbit"]], model_cpu_ns_per_byte_loopback=ns_loopback,
+                 comm_ms=comm * 1e3, predicted_ms=predicted * 1e3, nominal_ms=nominal * 1e3,
+                 error=predicted / (r["measured_ms"] / 1e3) - 1)
+
+
+def print_table(rows, emulate):
+    print()
+    extra = " emulated ms | error |" if emulate else ""
+    print("| hosts x ranks | link | probed | strategy | compute ms | predicted ms | measured ms | error |" + extra)
+    print("|---|---|---|---|---|---|---|---|" + ("---|---|" if emulate else ""))
+    for r in rows:
+        emulated = f" {r['emulated_ms']:.0f} | {r['emulated_error']:+.1%} |" if emulate else ""
+        print(f"| {r['hosts']} x {r['per_host']} | {r['mbit'] / 1000:g} Gbit/s, {r['latency_us'] / 1000:g} ms "
+              f"| {r['probe_mbit']:.0f} Mbit/s, {r['probe_latency_us']:.0f} us | {r['strategy']} "
+              f"| {r['compute_ms']:.0f} | {r['predicted_ms']:.0f} | {r['measured_ms']:.0f} | {r['error']:+.1%} |"
+              + emulated)
+    worst = max(abs(r["error"]) for r in rows)
+    print(f"\nvalidate: {len(rows)} jobs, worst error {worst:.1%}, "
+          f"{sum(abs(r['error']) <= 0.2 for r in rows)} within 20%")
+    if emulate:
+        emulated = [r["emulated_error"] for r in rows]
+        print(f"validate: emulated (DDP_FAKE_LINK): worst error {max(abs(e) for e in emulated):.1%}, "
+              f"{sum(abs(e) <= 0.2 for e in emulated)} within 20%")
+
+
 def main():
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--build", default="build")
     parser.add_argument("--out", default="/tmp/ddp_scaling_validate")
     parser.add_argument("--quick", action="store_true", help="2 hosts x 1 rank, 1 Gbit/s, both latencies")
     parser.add_argument("--emulate", action="store_true",
-                        help="also run each job's fake run on a simulated link (DDP_FAKE_LINK, the probed figures): "
-                        "the step time it gives is the emulated prediction, overlap included")
-    parser.add_argument("--compute-runs", type=int, default=5,
-                        help="fake runs per topology and strategy; the model takes their median compute")
+                        help="also run each job's fake run on a simulated link (DDP_FAKE_LINK, this cluster's "
+                        "probed figures): the step time it gives is the emulated prediction, overlap included")
+    parser.add_argument("--compute-runs", type=int, default=3,
+                        help="fake runs per job, right before it; the model takes their median compute")
     parser.add_argument("--repeats", type=int, default=1,
                         help="launches of each real job; its step time is their median (mean of two)")
     parser.add_argument("--measured", help="a results.json of an earlier run: take its real jobs' step times and "
                         "its probes instead of running them again (the fake runs and the model run anew)")
+    parser.add_argument("--reprice", help="a results.json of an earlier run: the model alone again on its "
+                        "compute, plans, probes and step times (after a change to the model; runs nothing)")
     args = parser.parse_args()
-    build = os.path.abspath(args.build)
     os.makedirs(args.out, exist_ok=True)
+    if args.reprice:
+        rows = json.load(open(args.reprice))
+        price(rows)
+        print_table(rows, args.emulate and all("emulated_ms" in r for r in rows))
+        json.dump(rows, open(os.path.join(args.out, "results.json"), "w"), indent=1)
+        return
+    build = os.path.abspath(args.build)
     topologies = [(2, 1)] if args.quick else TOPOLOGIES
     links = LINKS[:2] if args.quick else LINKS
     # The CPU per byte of a memory copy, on the idle machine, before anything runs.
     ns_memory = link_probe.memory_ns_per_byte()
     print(f"validate: a memory copy costs {ns_memory:.3f} ns of CPU per byte", flush=True)
-    computes = {}
-    for hosts, per_host in topologies:
-        for strategy in STRATEGIES:
-            # The median of a few fake runs: one run's compute moved by up to a third from one
-            # run to the next on these 2 cores (2 x 2 DDP: 216 and 288 ms).
-            runs = [fake_run(build, hosts, per_host, strategy, args.out) for _ in range(args.compute_runs)]
-            computes[(hosts, per_host, strategy)] = (statistics.median(c for c, _ in runs), runs[0][1])
-            print(f"validate: compute {strategy} {hosts}x{per_host}: "
-                  f"{computes[(hosts, per_host, strategy)][0] * 1e3:.1f} ms (median of "
-                  + ", ".join(f"{c * 1e3:.0f}" for c, _ in runs) + ")", flush=True)
     earlier = {}
     if args.measured:
         for r in json.load(open(args.measured)):
@@ -187,14 +243,12 @@ def main():
                 else:
                     cluster("up", f"{build}/bench/ddp_netsim", hosts, mbit, latency_us)
                     latency, bandwidth, ns_link, ns_loopback = probe_link()
-                cpu = {"cores": os.cpu_count(), "ns_per_byte_link": ns_link, "ns_per_byte_loopback": ns_loopback,
-                       "ns_per_byte_memory": ns_memory}
                 for strategy in STRATEGIES:
                     port += 1
-                    compute, report = computes[(hosts, per_host, strategy)]
-                    predicted, comm = cost_model.predict(compute, report, per_host, bandwidth, latency, cpu=cpu)
-                    nominal, _ = cost_model.predict(compute, report, per_host, mbit * 1e6 / 8, latency_us * 1e-6,
-                                                    cpu=cpu)
+                    # Measured right before the job: the machine's speed drifts by a sixth within
+                    # half an hour (2 x 1 DDP's compute: 96 ms, then 113 ms 17 minutes later).
+                    compute, report = measure_compute(build, hosts, per_host, strategy, args.out,
+                                                      args.compute_runs)
                     if args.measured:
                         measured = earlier[(hosts, per_host, mbit, latency_us, strategy)]["measured_ms"] / 1e3
                     else:
@@ -211,38 +265,22 @@ def main():
                     row = dict(hosts=hosts, per_host=per_host, mbit=mbit, latency_us=latency_us, strategy=strategy,
                                probe_mbit=bandwidth * 8 / 1e6, probe_latency_us=latency * 1e6,
                                cpu_ns_per_byte_link=ns_link, cpu_ns_per_byte_loopback=ns_loopback,
-                               cpu_ns_per_byte_memory=ns_memory,
-                               compute_ms=compute * 1e3, comm_ms=comm * 1e3, predicted_ms=predicted * 1e3,
-                               nominal_ms=nominal * 1e3, measured_ms=measured * 1e3,
-                               error=predicted / measured - 1)
+                               cpu_ns_per_byte_memory=ns_memory, compute_ms=compute * 1e3,
+                               measured_ms=measured * 1e3,
+                               plan={"groups": report["groups"], "last_step_calls": report["last_step_calls"]})
                     if not args.measured:
                         row.update(measured_runs_ms=[r * 1e3 for r in runs])
                     if emulated is not None:
                         row.update(emulated_ms=emulated * 1e3, emulated_error=emulated / measured - 1)
                     rows.append(row)
-                    print("validate: " + json.dumps(row), flush=True)
+                    print("validate: " + json.dumps({k: v for k, v in row.items() if k != "plan"}), flush=True)
                 if not args.measured:
                     cluster("down")
     finally:
         if not args.measured:
             cluster("down")
-    print()
-    extra = " emulated ms | error |" if args.emulate else ""
-    print("| hosts x ranks | link | probed | strategy | compute ms | predicted ms | measured ms | error |" + extra)
-    print("|---|---|---|---|---|---|---|---|" + ("---|---|" if args.emulate else ""))
-    for r in rows:
-        emulated = f" {r['emulated_ms']:.0f} | {r['emulated_error']:+.1%} |" if args.emulate else ""
-        print(f"| {r['hosts']} x {r['per_host']} | {r['mbit'] / 1000:g} Gbit/s, {r['latency_us'] / 1000:g} ms "
-              f"| {r['probe_mbit']:.0f} Mbit/s, {r['probe_latency_us']:.0f} us | {r['strategy']} "
-              f"| {r['compute_ms']:.0f} | {r['predicted_ms']:.0f} | {r['measured_ms']:.0f} | {r['error']:+.1%} |"
-              + emulated)
-    worst = max(abs(r["error"]) for r in rows)
-    print(f"\nvalidate: {len(rows)} jobs, worst error {worst:.1%}, "
-          f"{sum(abs(r['error']) <= 0.2 for r in rows)} within 20%")
-    if args.emulate:
-        emulated = [r["emulated_error"] for r in rows]
-        print(f"validate: emulated (DDP_FAKE_LINK): worst error {max(abs(e) for e in emulated):.1%}, "
-              f"{sum(abs(e) <= 0.2 for e in emulated)} within 20%")
+    price(rows)
+    print_table(rows, args.emulate)
     json.dump(rows, open(os.path.join(args.out, "results.json"), "w"), indent=1)
 
 
