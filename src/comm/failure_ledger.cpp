@@ -6,7 +6,8 @@
 // rank 2, and its error blamed rank 2. The group's store can say which came
 // first. The first rank to fail on a known peer (a lost connection) or on
 // known absentees (a timeout while some ranks had not reached the
-// collective, FingerprintExchange::ranks_missing) records whom it blames
+// collective, FingerprintExchange::ranks_missing; or a peer whose process
+// a cross-memory read found gone) records whom it blames
 // with one compare-and-set on the group's key, before its error reaches the
 // caller; every later failing rank's compare-and-set finds that record and
 // its error says "rank 3 failed first (rank 2 lost its connection to it in

@@ -406,6 +406,16 @@ class DDP_GLOO_HIDDEN ProcessGroupGloo::Impl {
       return;
     } catch (const gloo::IoException& e) {
       error = convert_io_error(task, e.what());
+    } catch (const RemoteError& e) {
+      // A peer found dead outside the transport (cross-memory reads: its
+      // process gone). Recorded as a lost connection is (Note [First
+      // failure]), so that a rank that then loses its connection to this
+      // one, once it exits, names that peer too.
+      const std::string clause =
+          internal::first_failure_clause(record_lost_peer(task, e.peer_rank()), {e.peer_rank()});
+      error = clause.empty() ? std::current_exception()
+                             : std::make_exception_ptr(RemoteError(e.what() + clause, e.peer_rank()));
+      mark_broken(e.what());
     } catch (const CommError& e) {
       error = std::current_exception();
       mark_broken(e.what());
@@ -508,6 +518,25 @@ class DDP_GLOO_HIDDEN ProcessGroupGloo::Impl {
           }
           return found;
         });
+  }
+
+  // Note [First failure] for a peer that `task` found gone itself, within
+  // kDiagnosisBudget (the store may be gone): the group's first failure,
+  // this one or an earlier one; nullopt when the store did not answer.
+  // Never throws.
+  std::optional<internal::FailureReport> record_lost_peer(const Task& task, int peer) {
+    if (failures_ == nullptr || peer < 0 || peer >= group_.size() || group_.size() < 2) {
+      return std::nullopt;
+    }
+    const std::string seen = c10::str("rank ", group_.rank(), " found it gone in ", task.fingerprint.op, " #",
+                                      task.fingerprint.seq);
+    try {
+      return internal::run_within<std::optional<internal::FailureReport>>(
+                 kDiagnosisBudget, [failures = failures_, peer, seen] { return failures->record({peer, seen}); })
+          .value_or(std::nullopt);
+    } catch (const std::exception&) {
+      return std::nullopt; // the ledger never throws; the thread that runs it might not start
+    }
   }
 
   // How long `task` has run (zero once it is no longer running).

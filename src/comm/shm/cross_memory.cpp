@@ -55,7 +55,11 @@ namespace ddp::internal::shm {
 // container's seccomp profile or DDP_CROSS_MEMORY=0 can forbid it too). Failure: a read from
 // a dead peer fails with ESRCH, and this rank's RemoteError names it; the
 // others fail at the next barrier with the transport's error, which names
-// it too, within the deadline.
+// it too, within the deadline. A read from a peer that has left the
+// collective after an error of its own (its gradients freed, or its
+// process exiting) fails with EFAULT: a RemoteError naming that peer too,
+// and the group's first failure (Note [First failure]) names the rank that
+// failed first.
 // The bucket itself is left as it was (reduce_gradients' contract: its
 // contents under the gradients are unspecified).
 
@@ -83,6 +87,14 @@ void read_peer(const std::string& who, int peer, pid_t pid, void* local, uint64_
       if (error == ESRCH) {
         // Worded as the transport's lost peers are ("lost ... rank N").
         throw RemoteError(message + "; lost rank " + std::to_string(peer) + ": its process has exited", peer);
+      }
+      if (error == EFAULT) {
+        // The addresses were published for this collective and stay mapped
+        // until its closing barrier, unless the peer gave it up.
+        throw RemoteError(message + "; lost rank " + std::to_string(peer) +
+                              ": its gradients are no longer mapped (it left the collective after an error, or is "
+                              "exiting)",
+                          peer);
       }
       throw CommError(message + (error == EPERM ? "; reading another process's memory is not permitted here, "
                                                   "DDP_CROSS_MEMORY=0 turns this path off"
