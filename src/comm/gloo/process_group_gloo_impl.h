@@ -407,8 +407,9 @@ class DDP_GLOO_HIDDEN ProcessGroupGloo::Impl {
     } catch (const gloo::IoException& e) {
       error = convert_io_error(task, e.what());
     } catch (const RemoteError& e) {
-      // A peer found dead outside the transport (cross-memory reads: its
-      // process gone). Recorded as a lost connection is (Note [First
+      // A peer found gone outside the transport (cross-memory reads: its
+      // process exited, or its gradients let go). Recorded as a lost
+      // connection is, with the first failure's clause (Note [First
       // failure]), so that a rank that then loses its connection to this
       // one, once it exits, names that peer too.
       const std::string clause =
