@@ -6,7 +6,9 @@ HSDP) and each link (bandwidth, latency): the compute of a step (the median
 of three fake runs, made right before the job) and its collectives from the
 fake backend (as many processes at once as the job has, each playing its
 rank, writing its plan report), the link's figures (the median of three
-probes), the model's prediction from them, and the step time of the real
+probes each: a lone stream's latency, bandwidth and CPU per byte, and the
+bandwidth of each stream while every host streams to the next at once,
+the collectives' pattern), the model's prediction from them, and the step time of the real
 job on network namespaces joined by ddp_netsim's switch (examples/gpt
 under ddprun, one ddprun per host). Prints a table, measured against
 predicted.
@@ -110,17 +112,40 @@ def probe(server_host, client_host, address):
     return {key: float(value) for key, value in re.findall(r"(\w+)=([0-9.]+)", text)}
 
 
-def probe_link(repeats=3):
-    """Between hosts 0 and 1: one-way latency (s), bandwidth (bytes/s) and CPU ns per byte; and
-    the CPU ns per byte between two processes of host 0 (loopback). Each the median of `repeats`
-    probes: one probe's CPU per byte (the machine's busy time over a transfer of a few tenths of a
-    second, in 10 ms ticks) moved by up to a factor of two from one cluster to the next."""
+def probe_ring(hosts):
+    """Every host streaming to the next at once (host i to host i + 1, the last to the first; on two
+    hosts each to the other), as a collective's steps do: the median of the streams' Mbit/s."""
+    servers = [subprocess.Popen(["bash", os.path.join(HERE, "cluster.sh"), "exec", str(h), sys.executable,
+                                 os.path.join(HERE, "link_probe.py"), "server"]) for h in range(hosts)]
+    clients = [subprocess.Popen(["bash", os.path.join(HERE, "cluster.sh"), "exec", str(h), sys.executable,
+                                 os.path.join(HERE, "link_probe.py"), "client", f"10.77.0.{(h + 1) % hosts + 1}",
+                                 "256"], stdout=subprocess.PIPE, text=True) for h in range(hosts)]
+    rates = []
+    for client in clients:
+        text, _ = client.communicate(timeout=300)
+        if client.returncode != 0:
+            sys.exit("validate: a ring probe's stream failed")
+        rates.append(float(re.search(r"mbit_s=([0-9.]+)", text).group(1)))
+    for server in servers:
+        server.wait(timeout=60)
+    return statistics.median(rates)
+
+
+def probe_link(hosts, repeats=3):
+    """Between hosts 0 and 1: one-way latency (s), a lone stream's bandwidth (bytes/s) and CPU ns
+    per byte; the bandwidth of each stream while every host streams to the next at once
+    (probe_ring); and the CPU ns per byte between two processes of host 0 (loopback). Each the
+    median of `repeats` probes: one probe's CPU per byte (the machine's busy time over a transfer of
+    a few tenths of a second, in 10 ms ticks) moved by up to a factor of two from one cluster to the
+    next."""
     links = [probe(1, 0, "10.77.0.2") for _ in range(repeats)]
+    rings = [probe_ring(hosts) for _ in range(repeats)]
     loopbacks = [probe(0, 0, "10.77.0.1") for _ in range(repeats)]
-    return (statistics.median(p["rtt_us"] for p in links) * 1e-6 / 2,
-            statistics.median(p["mbit_s"] for p in links) * 1e6 / 8,
-            statistics.median(p["cpu_ns_per_byte"] for p in links),
-            statistics.median(p["cpu_ns_per_byte"] for p in loopbacks))
+    return dict(latency=statistics.median(p["rtt_us"] for p in links) * 1e-6 / 2,
+                bandwidth=statistics.median(p["mbit_s"] for p in links) * 1e6 / 8,
+                ring_bandwidth=statistics.median(rings) * 1e6 / 8,
+                ns_link=statistics.median(p["cpu_ns_per_byte"] for p in links),
+                ns_loopback=statistics.median(p["cpu_ns_per_byte"] for p in loopbacks))
 
 
 def measure_compute(build, hosts, per_host, strategy, out, runs):
@@ -152,8 +177,8 @@ def real_run(build, hosts, per_host, strategy, port, out):
 
 def price(rows):
     """Sets each row's prediction (predicted_ms, comm_ms, nominal_ms, error) from its compute, its
-    plan and the links' figures. The CPU per byte through the switch is a property of the machine
-    and the link's rate, and through loopback of the machine alone, while one cluster's probes
+    plan and the links' figures, pooled. The CPU per byte through the switch is a property of the
+    machine and the link's rate, and through loopback of the machine alone, while one cluster's probes
     (three transfers of a few tenths of a second, in 10 ms ticks of busy time) still moved by
     half from one cluster to the next (0.97 to 1.53 ns at 10 Gbit/s): the model takes the median
     of every cluster's probe of the same rate, and of every loopback probe."""
@@ -161,14 +186,30 @@ def price(rows):
     ns_link = {mbit: statistics.median(c["cpu_ns_per_byte_link"] for c in clusters if c["mbit"] == mbit)
                for mbit in {c["mbit"] for c in clusters}}
     ns_loopback = statistics.median(c["cpu_ns_per_byte_loopback"] for c in clusters)
+    # What a lone stream gets and what each stream gets while every host streams at once: properties
+    # of the switch, the rate and the number of hosts, while one cluster's probes of them moved
+    # (a lone stream at "10 Gbit/s" from 4.7 to 8.2 Gbit/s, each of four hosts' streams from 2.5
+    # to 3.8 in one run): the medians over the clusters of the same hosts and rate (a run without
+    # the second probe takes the lone stream's for both).
+    pooled = {}
+    for c in clusters:
+        lone, ring = pooled.setdefault((c["hosts"], c["mbit"]), ([], []))
+        lone.append(c["probe_mbit"])
+        ring.append(c.get("probe_ring_mbit", c["probe_mbit"]))
+    pooled = {key: (statistics.median(lone), statistics.median(ring)) for key, (lone, ring) in pooled.items()}
     for r in rows:
         cpu = {"cores": os.cpu_count(), "ns_per_byte_link": ns_link[r["mbit"]], "ns_per_byte_loopback": ns_loopback,
                "ns_per_byte_memory": r["cpu_ns_per_byte_memory"]}
         compute, plan, per_host = r["compute_ms"] / 1e3, r["plan"], r["per_host"]
-        predicted, comm = cost_model.predict(compute, plan, per_host, r["probe_mbit"] * 1e6 / 8,
-                                             r["probe_latency_us"] * 1e-6, cpu=cpu)
+        # Collectives at the bandwidth of every host streaming at once, a transfer crossing alone at
+        # the lone stream's.
+        lone_mbit, ring_mbit = pooled[(r["hosts"], r["mbit"])]
+        predicted, comm = cost_model.predict(compute, plan, per_host, ring_mbit * 1e6 / 8,
+                                             r["probe_latency_us"] * 1e-6, cpu=cpu,
+                                             lone_bandwidth=lone_mbit * 1e6 / 8)
         nominal, _ = cost_model.predict(compute, plan, per_host, r["mbit"] * 1e6 / 8, r["latency_us"] * 1e-6, cpu=cpu)
         r.update(model_cpu_ns_per_byte_link=ns_link[r["mbit"]], model_cpu_ns_per_byte_loopback=ns_loopback,
+                 model_lone_mbit=lone_mbit, model_ring_mbit=ring_mbit,
                  comm_ms=comm * 1e3, predicted_ms=predicted * 1e3, nominal_ms=nominal * 1e3,
                  error=predicted / (r["measured_ms"] / 1e3) - 1)
 
@@ -176,12 +217,13 @@ def price(rows):
 def print_table(rows, emulate):
     print()
     extra = " emulated ms | error |" if emulate else ""
-    print("| hosts x ranks | link | probed | strategy | compute ms | predicted ms | measured ms | error |" + extra)
+    print("| hosts x ranks | link | probed: lone (ring) | strategy | compute ms | predicted ms | measured ms | error |" + extra)
     print("|---|---|---|---|---|---|---|---|" + ("---|---|" if emulate else ""))
     for r in rows:
         emulated = f" {r['emulated_ms']:.0f} | {r['emulated_error']:+.1%} |" if emulate else ""
         print(f"| {r['hosts']} x {r['per_host']} | {r['mbit'] / 1000:g} Gbit/s, {r['latency_us'] / 1000:g} ms "
-              f"| {r['probe_mbit']:.0f} Mbit/s, {r['probe_latency_us']:.0f} us | {r['strategy']} "
+              f"| {r['probe_mbit']:.0f} ({r.get('probe_ring_mbit', r['probe_mbit']):.0f}) Mbit/s, "
+              f"{r['probe_latency_us']:.0f} us | {r['strategy']} "
               f"| {r['compute_ms']:.0f} | {r['predicted_ms']:.0f} | {r['measured_ms']:.0f} | {r['error']:+.1%} |"
               + emulated)
     worst = max(abs(r["error"]) for r in rows)
@@ -234,15 +276,19 @@ def main():
             for hosts, per_host in topologies:
                 if args.measured:
                     first = earlier[(hosts, per_host, mbit, latency_us, "ddp")]
-                    latency, bandwidth = first["probe_latency_us"] * 1e-6, first["probe_mbit"] * 1e6 / 8
-                    ns_link, ns_loopback = first.get("cpu_ns_per_byte_link"), first.get("cpu_ns_per_byte_loopback")
-                    if ns_link is None:  # an earlier run without them: probe this cluster's CPU cost alone
+                    probed = dict(latency=first["probe_latency_us"] * 1e-6, bandwidth=first["probe_mbit"] * 1e6 / 8,
+                                  ring_bandwidth=first.get("probe_ring_mbit", first["probe_mbit"]) * 1e6 / 8,
+                                  ns_link=first.get("cpu_ns_per_byte_link"),
+                                  ns_loopback=first.get("cpu_ns_per_byte_loopback"))
+                    if probed["ns_link"] is None:  # an earlier run without them: probe this cluster's CPU alone
                         cluster("up", f"{build}/bench/ddp_netsim", hosts, mbit, latency_us)
-                        _, _, ns_link, ns_loopback = probe_link()
+                        again = probe_link(hosts)
+                        probed.update(ns_link=again["ns_link"], ns_loopback=again["ns_loopback"])
                         cluster("down")
                 else:
                     cluster("up", f"{build}/bench/ddp_netsim", hosts, mbit, latency_us)
-                    latency, bandwidth, ns_link, ns_loopback = probe_link()
+                    probed = probe_link(hosts)
+                print("validate: probed " + json.dumps(probed), flush=True)
                 for strategy in STRATEGIES:
                     port += 1
                     # Measured right before the job: the machine's speed drifts by a sixth within
@@ -259,12 +305,16 @@ def main():
                         measured = statistics.median(runs)
                     emulated = None
                     if args.emulate:
-                        link = (f"gbit={bandwidth * 8 / 1e9:.4f},latency_us={latency * 1e6:.1f},per_host={per_host},"
-                                f"cpu_ns_link={ns_link:.3f},cpu_ns_loopback={ns_loopback:.3f}")
+                        # The fake link has one bandwidth: what a link carries while every host sends.
+                        link = (f"gbit={probed['ring_bandwidth'] * 8 / 1e9:.4f},"
+                                f"latency_us={probed['latency'] * 1e6:.1f},per_host={per_host},"
+                                f"cpu_ns_link={probed['ns_link']:.3f},cpu_ns_loopback={probed['ns_loopback']:.3f}")
                         emulated = fake_run(build, hosts, per_host, strategy, args.out, link)[0]
                     row = dict(hosts=hosts, per_host=per_host, mbit=mbit, latency_us=latency_us, strategy=strategy,
-                               probe_mbit=bandwidth * 8 / 1e6, probe_latency_us=latency * 1e6,
-                               cpu_ns_per_byte_link=ns_link, cpu_ns_per_byte_loopback=ns_loopback,
+                               probe_mbit=probed["bandwidth"] * 8 / 1e6,
+                               probe_ring_mbit=probed["ring_bandwidth"] * 8 / 1e6,
+                               probe_latency_us=probed["latency"] * 1e6,
+                               cpu_ns_per_byte_link=probed["ns_link"], cpu_ns_per_byte_loopback=probed["ns_loopback"],
                                cpu_ns_per_byte_memory=ns_memory, compute_ms=compute * 1e3,
                                measured_ms=measured * 1e3,
                                plan={"groups": report["groups"], "last_step_calls": report["last_step_calls"]})

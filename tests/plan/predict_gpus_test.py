@@ -6,22 +6,16 @@ Usage: predict_gpus_test.py <bench/scaling directory>. Prints
 "predict_gpus_test: N of N checks passed" at the end."""
 
 import math
+import os
 import sys
 from types import SimpleNamespace
 
 sys.path.insert(0, sys.argv[1])
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import predict_gpus as pg  # noqa: E402
+from checks import Checks  # noqa: E402
 
-passed = failed = 0
-
-
-def check(name, ok, detail=""):
-    global passed, failed
-    if ok:
-        passed += 1
-    else:
-        failed += 1
-        print(f"predict_gpus_test: FAILED: {name} {detail}")
+check = Checks("predict_gpus_test")
 
 
 args = SimpleNamespace(nvlink_gbs=460, node_gbs=400, ib_latency_us=5.0, nvlink_latency_us=2.0, mfu=0.356)
@@ -62,5 +56,4 @@ comm = pg.comm_seconds(pg.collectives("fsdp", n, 128, 32), args)
 low, high = tokens / (compute + comm), tokens / max(compute, comm)
 check("published-128-between-bounds", low <= 5605 <= high, (low, high))
 
-print(f"predict_gpus_test: {passed} of {passed + failed} checks passed")
-sys.exit(1 if failed else 0)
+check.finish()
