@@ -23,14 +23,14 @@ G / g groups like it on a host cross that host's link at the same time
 Two bandwidths. B is what a link carries each way while every host sends at
 once, which is what a collective does (a ring's steps, an exchange, the
 hosts' parts of a shared allreduce); B1 is what one transfer gets when it
-alone crosses (a broadcast's round with one send across; send, recv,
-gather, scatter). On a real cluster's switch they are the same. On the
-simulated cluster they are not: ddp_netsim forwards every frame on one
-thread and the kernels of all hosts share the same 2 cores, so each of four
-hosts sending at once at "10 Gbit/s" gets about half of what one lone stream
-gets (0.43 to 0.69), each of two hosts sending to each other about 0.9
-(validate.py probes both: one stream, and every host streaming to the next
-at once).
+alone crosses (send, recv, gather, scatter; a broadcast's round with fewer
+sends across than hosts gets up to B1 each). On a real cluster's switch
+they are the same. On the simulated cluster they are not: ddp_netsim
+forwards every frame on one thread and the kernels of all hosts share the
+same 2 cores, so each of four hosts sending at once at "10 Gbit/s" gets
+about half of what one lone stream gets (0.35 to 0.69), each of two hosts
+sending to each other 0.55 to 1.05 (validate.py probes both: one stream,
+and every host streaming to the next at once).
 
 Per operation (s the bytes this rank sends, as the plan counts them; n the
 bytes of its tensor here; B the link's share):
@@ -210,8 +210,9 @@ def call_bytes(op, sent, n, members, per_host, backend="gloo"):
 # (t_n^p + t_c^p)^(1/p). Their max (p infinite) would have the links and the cores busy together
 # the whole time; their sum (p = 1) never together. Measured steps lie between: the links idle
 # while the cores catch up on a transfer's copies and the ranks wait for each other. p = 2.5 was
-# chosen on the runs of 2026-12-07-2 and -3 and checked on fresh runs (docs/scaling.md): with it
-# all 192 jobs of three runs lie within 20%, with the max 185.
+# chosen on the runs of 2026-12-07-2 and -3 (docs/scaling.md): with it all 192 jobs of the three
+# runs that shaped the model lie within 20% (185 with the max), and 61 of the 64 of the fifth run,
+# made after.
 CPU_OVERLAP_P = 2.5
 
 # A reduction out = a + b reads two bytes and writes one for each byte of out: taken as 1.5 of a
