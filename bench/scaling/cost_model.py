@@ -211,8 +211,8 @@ def call_bytes(op, sent, n, members, per_host, backend="gloo"):
 # the whole time; their sum (p = 1) never together. Measured steps lie between: the links idle
 # while the cores catch up on a transfer's copies and the ranks wait for each other. p = 2.5 was
 # chosen on the runs of 2026-12-07-2 and -3 (docs/scaling.md): with it all 192 jobs of the three
-# runs that shaped the model lie within 20% (185 with the max), and 61 of the 64 of the fifth run,
-# made after.
+# runs that shaped the model lie within 20% (185 with the max), and of the runs made after, 61 of
+# the fifth's 64 and all 64 of the sixth's (three passes).
 CPU_OVERLAP_P = 2.5
 
 # A reduction out = a + b reads two bytes and writes one for each byte of out: taken as 1.5 of a

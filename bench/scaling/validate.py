@@ -3,17 +3,20 @@
 
 For each topology (hosts x ranks per host), each strategy (DDP, ZeRO, FSDP,
 HSDP) and each link (bandwidth, latency): the compute of a step (the median
-of three fake runs, made right before the job) and its collectives from the
+of --compute-runs fake runs, three by default, made right before the job) and its collectives from the
 fake backend (as many processes at once as the job has, each playing its
-rank, writing its plan report), the link's figures (the median of three
-probes each: a lone stream's latency, bandwidth and CPU per byte, and the
+rank, writing its plan report), the link's figures (the median of
+--probe-repeats probes each, three by default: a lone stream's latency, bandwidth and CPU per byte, and the
 bandwidth of each stream while every host streams to the next at once,
 the collectives' pattern), the model's prediction from them, and the step time of the real
 job on network namespaces joined by ddp_netsim's switch (examples/gpt
-under ddprun, one ddprun per host). Prints a table, measured against
+under ddprun, one ddprun per host). With --passes N the whole matrix runs
+N times, one pass after another, and a job's compute, step time and
+probes are the medians over the passes (docs/scaling.md: the spread lies
+in the machine's state over minutes). Prints a table, measured against
 predicted.
 
-    sudo bench/scaling/validate.py --build build [--quick] [--out DIR]
+    sudo bench/scaling/validate.py --build build [--passes 3 --compute-runs 1 --probe-repeats 1] [--quick] [--out DIR]
 
 Needs root (network namespaces) and an idle machine: the figures are step
 times.
@@ -235,6 +238,88 @@ def print_table(rows, emulate):
               f"{sum(abs(e) <= 0.2 for e in emulated)} within 20%")
 
 
+def run_matrix(args, build, topologies, links, ns_memory, earlier, port):
+    """One pass over every link, topology and strategy: a row per job (its cluster's probes, its
+    compute and plan, the real job's step time), and the next free port."""
+    rows = []
+    for mbit, latency_us in links:
+        for hosts, per_host in topologies:
+            if args.measured:
+                first = earlier[(hosts, per_host, mbit, latency_us, "ddp")]
+                probed = dict(latency=first["probe_latency_us"] * 1e-6, bandwidth=first["probe_mbit"] * 1e6 / 8,
+                              ring_bandwidth=first.get("probe_ring_mbit", first["probe_mbit"]) * 1e6 / 8,
+                              ns_link=first.get("cpu_ns_per_byte_link"),
+                              ns_loopback=first.get("cpu_ns_per_byte_loopback"))
+                if probed["ns_link"] is None:  # an earlier run without them: probe this cluster's CPU alone
+                    cluster("up", f"{build}/bench/ddp_netsim", hosts, mbit, latency_us)
+                    again = probe_link(hosts)
+                    probed.update(ns_link=again["ns_link"], ns_loopback=again["ns_loopback"])
+                    cluster("down")
+            else:
+                cluster("up", f"{build}/bench/ddp_netsim", hosts, mbit, latency_us)
+                probed = probe_link(hosts, args.probe_repeats)
+            print("validate: probed " + json.dumps(probed), flush=True)
+            for strategy in STRATEGIES:
+                port += 1
+                # Measured right before the job: the machine's speed drifts by a sixth within
+                # half an hour (2 x 1 DDP's compute: 96 ms, then 113 ms 17 minutes later).
+                compute, report = measure_compute(build, hosts, per_host, strategy, args.out, args.compute_runs)
+                if args.measured:
+                    measured = earlier[(hosts, per_host, mbit, latency_us, strategy)]["measured_ms"] / 1e3
+                else:
+                    runs = []
+                    for _ in range(args.repeats):
+                        port += 1
+                        runs.append(real_run(build, hosts, per_host, strategy, port, args.out))
+                    measured = statistics.median(runs)
+                emulated = None
+                if args.emulate:
+                    # The fake link has one bandwidth: what a link carries while every host sends.
+                    link = (f"gbit={probed['ring_bandwidth'] * 8 / 1e9:.4f},"
+                            f"latency_us={probed['latency'] * 1e6:.1f},per_host={per_host},"
+                            f"cpu_ns_link={probed['ns_link']:.3f},cpu_ns_loopback={probed['ns_loopback']:.3f}")
+                    emulated = fake_run(build, hosts, per_host, strategy, args.out, link)[0]
+                row = dict(hosts=hosts, per_host=per_host, mbit=mbit, latency_us=latency_us, strategy=strategy,
+                           probe_mbit=probed["bandwidth"] * 8 / 1e6,
+                           probe_ring_mbit=probed["ring_bandwidth"] * 8 / 1e6,
+                           probe_latency_us=probed["latency"] * 1e6,
+                           cpu_ns_per_byte_link=probed["ns_link"], cpu_ns_per_byte_loopback=probed["ns_loopback"],
+                           cpu_ns_per_byte_memory=ns_memory, compute_ms=compute * 1e3,
+                           measured_ms=measured * 1e3,
+                           plan={"groups": report["groups"], "last_step_calls": report["last_step_calls"]})
+                if not args.measured:
+                    row.update(measured_runs_ms=[r * 1e3 for r in runs])
+                if emulated is not None:
+                    row.update(emulated_ms=emulated * 1e3, emulated_error=emulated / measured - 1)
+                rows.append(row)
+                print("validate: " + json.dumps({k: v for k, v in row.items() if k != "plan"}), flush=True)
+            if not args.measured:
+                cluster("down")
+    return rows, port
+
+
+PROBED = ("probe_mbit", "probe_ring_mbit", "probe_latency_us", "cpu_ns_per_byte_link", "cpu_ns_per_byte_loopback")
+
+
+def combine(passes):
+    """One row per job from the passes' rows (the same jobs in the same order): the medians of its
+    compute, its step time and its cluster's probes over the passes (price() pools the probes over
+    the clusters of the same hosts and rate, so each pass's probes count alike); each pass's
+    figures kept beside them (pass_compute_ms, pass_measured_ms, measured_runs_ms)."""
+    if len(passes) == 1:
+        return passes[0]
+    rows = []
+    for same in zip(*passes):
+        row = dict(same[0])
+        for key in ("compute_ms", "measured_ms") + PROBED:
+            row[key] = statistics.median(r[key] for r in same)
+        row.update(pass_compute_ms=[r["compute_ms"] for r in same], pass_measured_ms=[r["measured_ms"] for r in same],
+                   measured_runs_ms=[t for r in same for t in r["measured_runs_ms"]],
+                   pass_probes={key: [r[key] for r in same] for key in PROBED})
+        rows.append(row)
+    return rows
+
+
 def main():
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--build", default="build")
@@ -247,6 +332,11 @@ def main():
                         help="fake runs per job, right before it; the model takes their median compute")
     parser.add_argument("--repeats", type=int, default=1,
                         help="launches of each real job; its step time is their median (mean of two)")
+    parser.add_argument("--passes", type=int, default=1,
+                        help="runs of the whole matrix, one after another, each cluster brought up anew in each; a "
+                        "job's compute, step time and probes are the medians over the passes")
+    parser.add_argument("--probe-repeats", type=int, default=3,
+                        help="probes of each kind per cluster (the median of them); with --passes, also per pass")
     parser.add_argument("--measured", help="a results.json of an earlier run: take its real jobs' step times and "
                         "its probes instead of running them again (the fake runs and the model run anew)")
     parser.add_argument("--reprice", help="a results.json of an earlier run: the model alone again on its "
@@ -269,66 +359,27 @@ def main():
     if args.measured:
         for r in json.load(open(args.measured)):
             earlier[(r["hosts"], r["per_host"], r["mbit"], r["latency_us"], r["strategy"])] = r
-    rows = []
+    if args.passes > 1 and (args.measured or args.emulate):
+        sys.exit("validate: --passes takes neither --measured nor --emulate")
+    # Every job in each pass, the passes one after another: a job's step time moved by up to a
+    # quarter between runs of the matrix made minutes apart (4 x 1 ZeRO at 10 Gbit/s, 0.1 ms: 573,
+    # 482, 619 and 477 ms) while its launches back to back agreed within a few percent, so the
+    # spread lies in the machine's state over minutes: passes sample it, and a job's compute and
+    # step time are the medians over them.
+    passes = []
     port = 29600
     try:
-        for mbit, latency_us in links:
-            for hosts, per_host in topologies:
-                if args.measured:
-                    first = earlier[(hosts, per_host, mbit, latency_us, "ddp")]
-                    probed = dict(latency=first["probe_latency_us"] * 1e-6, bandwidth=first["probe_mbit"] * 1e6 / 8,
-                                  ring_bandwidth=first.get("probe_ring_mbit", first["probe_mbit"]) * 1e6 / 8,
-                                  ns_link=first.get("cpu_ns_per_byte_link"),
-                                  ns_loopback=first.get("cpu_ns_per_byte_loopback"))
-                    if probed["ns_link"] is None:  # an earlier run without them: probe this cluster's CPU alone
-                        cluster("up", f"{build}/bench/ddp_netsim", hosts, mbit, latency_us)
-                        again = probe_link(hosts)
-                        probed.update(ns_link=again["ns_link"], ns_loopback=again["ns_loopback"])
-                        cluster("down")
-                else:
-                    cluster("up", f"{build}/bench/ddp_netsim", hosts, mbit, latency_us)
-                    probed = probe_link(hosts)
-                print("validate: probed " + json.dumps(probed), flush=True)
-                for strategy in STRATEGIES:
-                    port += 1
-                    # Measured right before the job: the machine's speed drifts by a sixth within
-                    # half an hour (2 x 1 DDP's compute: 96 ms, then 113 ms 17 minutes later).
-                    compute, report = measure_compute(build, hosts, per_host, strategy, args.out,
-                                                      args.compute_runs)
-                    if args.measured:
-                        measured = earlier[(hosts, per_host, mbit, latency_us, strategy)]["measured_ms"] / 1e3
-                    else:
-                        runs = []
-                        for _ in range(args.repeats):
-                            port += 1
-                            runs.append(real_run(build, hosts, per_host, strategy, port, args.out))
-                        measured = statistics.median(runs)
-                    emulated = None
-                    if args.emulate:
-                        # The fake link has one bandwidth: what a link carries while every host sends.
-                        link = (f"gbit={probed['ring_bandwidth'] * 8 / 1e9:.4f},"
-                                f"latency_us={probed['latency'] * 1e6:.1f},per_host={per_host},"
-                                f"cpu_ns_link={probed['ns_link']:.3f},cpu_ns_loopback={probed['ns_loopback']:.3f}")
-                        emulated = fake_run(build, hosts, per_host, strategy, args.out, link)[0]
-                    row = dict(hosts=hosts, per_host=per_host, mbit=mbit, latency_us=latency_us, strategy=strategy,
-                               probe_mbit=probed["bandwidth"] * 8 / 1e6,
-                               probe_ring_mbit=probed["ring_bandwidth"] * 8 / 1e6,
-                               probe_latency_us=probed["latency"] * 1e6,
-                               cpu_ns_per_byte_link=probed["ns_link"], cpu_ns_per_byte_loopback=probed["ns_loopback"],
-                               cpu_ns_per_byte_memory=ns_memory, compute_ms=compute * 1e3,
-                               measured_ms=measured * 1e3,
-                               plan={"groups": report["groups"], "last_step_calls": report["last_step_calls"]})
-                    if not args.measured:
-                        row.update(measured_runs_ms=[r * 1e3 for r in runs])
-                    if emulated is not None:
-                        row.update(emulated_ms=emulated * 1e3, emulated_error=emulated / measured - 1)
-                    rows.append(row)
-                    print("validate: " + json.dumps({k: v for k, v in row.items() if k != "plan"}), flush=True)
-                if not args.measured:
-                    cluster("down")
+        for number in range(args.passes):
+            if args.passes > 1:
+                print(f"validate: pass {number + 1} of {args.passes}", flush=True)
+            rows, port = run_matrix(args, build, topologies, links, ns_memory, earlier, port)
+            passes.append(rows)
+            if args.passes > 1:  # each pass kept as it ends
+                json.dump(rows, open(os.path.join(args.out, f"pass_{number + 1}.json"), "w"), indent=1)
     finally:
         if not args.measured:
             cluster("down")
+    rows = combine(passes)
     price(rows)
     print_table(rows, args.emulate)
     json.dump(rows, open(os.path.join(args.out, "results.json"), "w"), indent=1)

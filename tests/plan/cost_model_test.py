@@ -1,7 +1,7 @@
 """The simulated clusters' cost model (bench/scaling/cost_model.py; docs/scaling.md,
 "The cost model"): Gloo's algorithms priced over host links with two bandwidths (B while
 every host sends at once, B1 for a transfer alone), and a step's network and CPU times
-combined as CPU_OVERLAP_P says.
+combined as CPU_OVERLAP_P says; and how validate.py combines its passes.
 
 Usage: cost_model_test.py <bench/scaling directory>. Prints
 "cost_model_test: N of N checks passed" at the end."""
@@ -60,5 +60,18 @@ p = cm.CPU_OVERLAP_P
 _, comm = cm.predict(0.1, report, 1, 0.5 * B1, L, cpu=cpu, lone_bandwidth=B1)
 check("ring-with-cpu", math.isclose(comm, (network ** p + cpu_s ** p) ** (1 / p)), (comm, network, cpu_s))
 check("between-max-and-sum", max(network, cpu_s) < comm < network + cpu_s, comm)
+
+# validate.py --passes: a job's compute, step time and probes are the medians over the passes, each
+# pass's figures kept; one pass is its own rows.
+import validate  # noqa: E402
+
+probes = {key: 1.0 for key in validate.PROBED}
+passes = [[dict(probes, compute_ms=c, measured_ms=m, measured_runs_ms=[m], probe_mbit=b)]
+          for c, m, b in ((100, 500, 900), (120, 700, 990), (110, 400, 950))]
+row = validate.combine(passes)[0]
+check("passes-medians", (row["compute_ms"], row["measured_ms"], row["probe_mbit"]) == (110, 500, 950), row)
+check("passes-kept", row["pass_measured_ms"] == [500, 700, 400] and row["measured_runs_ms"] == [500, 700, 400]
+      and row["pass_probes"]["probe_mbit"] == [900, 990, 950], row)
+check("one-pass", validate.combine(passes[:1]) == passes[0])
 
 check.finish()

@@ -15,7 +15,7 @@ ddp_add_output_test(predict_gpus_test EXIT 0 REGEX "^predict_gpus_test: 9 of 9 c
 # The simulated clusters' cost model (bench/scaling/cost_model.py): Gloo's
 # algorithms over host links with the two bandwidths, and a step's network
 # and CPU times combined.
-ddp_add_output_test(cost_model_test EXIT 0 REGEX "^cost_model_test: 9 of 9 checks passed$"
+ddp_add_output_test(cost_model_test EXIT 0 REGEX "^cost_model_test: 12 of 12 checks passed$"
   TIMEOUT 30 LABELS unit
   COMMAND ${DDP_TEST_PYTHON} ${CMAKE_CURRENT_LIST_DIR}/cost_model_test.py ${PROJECT_SOURCE_DIR}/bench/scaling)
 if(DDP_BUILD_EXAMPLES)
