@@ -305,7 +305,7 @@ def combine(passes):
     """One row per job from the passes' rows (the same jobs in the same order): the medians of its
     compute, its step time and its cluster's probes over the passes (price() pools the probes over
     the clusters of the same hosts and rate, so each pass's probes count alike); each pass's
-    figures kept beside them (pass_compute_ms, pass_measured_ms, measured_runs_ms)."""
+    figures kept beside them (pass_compute_ms, pass_measured_ms, measured_runs_ms, pass_probes)."""
     if len(passes) == 1:
         return passes[0]
     rows = []
