@@ -24,6 +24,7 @@ ddp_add_part(ddp_comm
   src/comm/collective_checks.cpp
   src/comm/point_to_point_work.cpp
   src/comm/contiguous_arguments.cpp
+  src/comm/complex_arguments.cpp
   src/comm/reduce_kernels.cpp
   src/comm/shm/shared_buffers.cpp
   src/comm/shm/cross_memory.cpp

@@ -441,6 +441,156 @@ void non_contiguous_arguments(ProcessGroup& pg, int64_t count) {
   pg.barrier()->wait();
 }
 
+void expect_check_error(const std::function<void()>& fn, const std::string& substring) {
+  try {
+    fn();
+    FAIL() << "expected a c10::Error containing '" << substring << "'";
+  } catch (const c10::Error& e) {
+    EXPECT_NE(std::string(e.what()).find(substring), std::string::npos) << e.what();
+  }
+}
+
+// Complex tensors, as torch.distributed takes them (Note [Complex
+// arguments]): every collective and send/recv moves them, SUM and AVG reduce
+// the real and imaginary parts apart, and the other reductions are refused.
+// Rank r holds (i % 5) + r + (2 (i % 5) - r) j at element i.
+at::Tensor complex_of(const at::Tensor& re, const at::Tensor& im, at::ScalarType dtype) {
+  return torch::complex(re.to(torch::kDouble), im.to(torch::kDouble)).to(dtype);
+}
+
+at::Tensor complex_input(int64_t count, int rank, at::ScalarType dtype) {
+  return complex_of(pattern(count) + rank, pattern(count) * 2 - rank, dtype);
+}
+
+void complex_tensors_in_every_collective(ProcessGroup& pg, int64_t count) {
+  const int rank = pg.rank();
+  const int world = pg.size();
+  const double half_sum = world * (world - 1) / 2.0;
+  const auto p = pattern(count).to(torch::kDouble);
+  const auto sum = complex_of(p * world + half_sum, p * 2 * world - half_sum, torch::kComplexDouble);
+  const auto avg = complex_of(p + (world - 1) / 2.0, p * 2 - (world - 1) / 2.0, torch::kComplexDouble);
+  const auto as_double = [](const at::Tensor& t) { return t.to(torch::kComplexDouble); };
+  for (auto dtype : {at::kComplexFloat, at::kComplexDouble, at::kComplexHalf}) {
+    for (auto op : {ReduceOp::kSum, ReduceOp::kAvg}) {
+      auto tensor = complex_input(count, rank, dtype);
+      auto work = pg.allreduce(tensor, {op});
+      work->wait();
+      // The result is the caller's tensor, not the real view it travelled as.
+      ASSERT_EQ(work->result().size(), 1u);
+      ASSERT_TRUE(work->result()[0].is_same(tensor));
+      ASSERT_TRUE(torch::allclose(as_double(tensor), op == ReduceOp::kSum ? sum : avg))
+          << "allreduce " << to_string(op) << " dtype " << dtype << ": " << tensor;
+    }
+    const int root = world - 1;
+    auto tensor = complex_input(count, rank, dtype);
+    pg.broadcast(tensor, {root})->wait();
+    ASSERT_TRUE(torch::equal(as_double(tensor), as_double(complex_input(count, root, dtype)))) << dtype;
+  }
+  const auto dtype = at::kComplexFloat;
+  // allreduce_coalesced, one tensor complex and one not (as real views they
+  // share a dtype, as in torch.distributed), and a non-contiguous one.
+  auto a = complex_input(count, rank, dtype);
+  auto b = torch::full({count, 2}, 1.0f * rank);
+  pg.allreduce_coalesced({a, b})->wait();
+  EXPECT_TRUE(torch::allclose(as_double(a), sum));
+  EXPECT_TRUE(torch::equal(b, torch::full({count, 2}, static_cast<float>(half_sum))));
+  auto column = torch::zeros({count, 3}, dtype);
+  column.select(1, 1).copy_(complex_input(count, rank, dtype));
+  pg.allreduce(column.select(1, 1))->wait();
+  EXPECT_TRUE(torch::allclose(as_double(column.select(1, 1)), sum));
+  EXPECT_TRUE(torch::equal(column.select(1, 0), torch::zeros({count}, dtype)));
+
+  const int root = 0;
+  auto reduced = complex_input(count, rank, dtype);
+  pg.reduce(reduced, {ReduceOp::kSum, root})->wait();
+  if (rank == root) {
+    EXPECT_TRUE(torch::allclose(as_double(reduced), sum));
+  }
+  std::vector<at::Tensor> outputs;
+  for (int r = 0; r < world; ++r) {
+    outputs.push_back(torch::empty({count}, dtype));
+  }
+  auto gathered_all = pg.allgather(outputs, complex_input(count, rank, dtype));
+  gathered_all->wait();
+  ASSERT_EQ(gathered_all->result().size(), outputs.size());
+  for (size_t r = 0; r < outputs.size(); ++r) {
+    EXPECT_TRUE(gathered_all->result()[r].is_same(outputs[r])) << "allgather's result " << r;
+  }
+  auto flat = torch::empty({world * count}, dtype);
+  pg.allgather_into_tensor(flat, complex_input(count, rank, dtype))->wait();
+  std::vector<at::Tensor> gathered;
+  if (rank == root) {
+    for (int r = 0; r < world; ++r) {
+      gathered.push_back(torch::empty({count}, dtype));
+    }
+  }
+  pg.gather(gathered, complex_input(count, rank, dtype), {root})->wait();
+  for (int r = 0; r < world; ++r) {
+    const auto expected = complex_input(count, r, dtype);
+    EXPECT_TRUE(torch::equal(outputs[r], expected)) << "allgather, from rank " << r;
+    EXPECT_TRUE(torch::equal(flat.narrow(0, r * count, count), expected)) << "allgather_into_tensor, rank " << r;
+    if (rank == root) {
+      EXPECT_TRUE(torch::equal(gathered[r], expected)) << "gather, from rank " << r;
+    }
+  }
+  std::vector<at::Tensor> pieces;
+  if (rank == root) {
+    for (int r = 0; r < world; ++r) {
+      pieces.push_back(complex_input(count, 10 * r, dtype));
+    }
+  }
+  auto mine = torch::empty({count}, dtype);
+  pg.scatter(mine, pieces, {root})->wait();
+  EXPECT_TRUE(torch::equal(mine, complex_input(count, 10 * rank, dtype)));
+
+  // reduce_scatter: every chunk of rank q's input is its complex_input.
+  std::vector<at::Tensor> chunks(world, complex_input(count, rank, dtype));
+  for (auto op : {ReduceOp::kSum, ReduceOp::kAvg}) {
+    auto output = torch::empty({count}, dtype);
+    pg.reduce_scatter(output, chunks, {op})->wait();
+    EXPECT_TRUE(torch::allclose(as_double(output), op == ReduceOp::kSum ? sum : avg)) << to_string(op);
+  }
+  // alltoall: chunk c of rank r's input is complex_input(10 r + c).
+  auto input = torch::empty({world * count}, dtype);
+  for (int c = 0; c < world; ++c) {
+    input.narrow(0, c * count, count).copy_(complex_input(count, 10 * rank + c, dtype));
+  }
+  auto received = torch::empty({world * count}, dtype);
+  auto exchanged = pg.alltoall(received, input);
+  exchanged->wait();
+  EXPECT_TRUE(exchanged->result().at(0).is_same(received));
+  for (int c = 0; c < world; ++c) {
+    EXPECT_TRUE(torch::equal(received.narrow(0, c * count, count), complex_input(count, 10 * c + rank, dtype)))
+        << "alltoall, chunk " << c;
+  }
+  if (world > 1) {
+    const int next = (rank + 1) % world;
+    const int prev = (rank + world - 1) % world;
+    auto in = torch::empty({count}, dtype);
+    auto sent = pg.send(complex_input(count, rank, dtype), next, {3});
+    auto got = pg.recv(in, prev, {3});
+    sent->wait();
+    got->wait();
+    EXPECT_TRUE(torch::equal(in, complex_input(count, prev, dtype)));
+  }
+
+  // The reductions that are not the parts' own: refused before anything is
+  // queued, so the group stays usable.
+  const std::string who = "[rank " + std::to_string(rank) + "/" + std::to_string(world) + "] ";
+  for (auto op : {ReduceOp::kProduct, ReduceOp::kMin, ReduceOp::kMax, ReduceOp::kBand, ReduceOp::kBor,
+                  ReduceOp::kBxor}) {
+    const std::string refused = to_string(op) + " is not defined for complex dtype ComplexFloat; only SUM and AVG are";
+    expect_check_error([&] { pg.allreduce(complex_input(count, rank, dtype), {op}); },
+                       who + "allreduce: " + refused);
+    expect_check_error([&] { pg.reduce(complex_input(count, rank, dtype), {op, 0}); }, who + "reduce: " + refused);
+    expect_check_error([&] { pg.reduce_scatter(torch::empty({count}, dtype), chunks, {op}); },
+                       who + "reduce_scatter: " + refused);
+  }
+  auto after = torch::ones({2});
+  pg.allreduce(after)->wait();
+  EXPECT_TRUE(torch::equal(after, torch::full({2}, 1.0 * world)));
+}
+
 void send_recv_ring_and_barrier(ProcessGroup& pg, int64_t count) {
   const int rank = pg.rank();
   const int world = pg.size();
@@ -462,14 +612,6 @@ void send_recv_ring_and_barrier(ProcessGroup& pg, int64_t count) {
   pg.barrier()->wait();
 }
 
-void expect_check_error(const std::function<void()>& fn, const std::string& substring) {
-  try {
-    fn();
-    FAIL() << "expected a c10::Error containing '" << substring << "'";
-  } catch (const c10::Error& e) {
-    EXPECT_NE(std::string(e.what()).find(substring), std::string::npos) << e.what();
-  }
-}
 
 } // namespace
 
@@ -486,6 +628,7 @@ const std::vector<SweepCheck>& sweep_checks() {
       {"UnevenAlltoall", &uneven_alltoall},
       {"NonContiguousArguments", &non_contiguous_arguments},
       {"SendRecvRingAndBarrier", &send_recv_ring_and_barrier},
+      {"ComplexTensorsInEveryCollective", &complex_tensors_in_every_collective},
   };
   return checks;
 }
@@ -578,9 +721,9 @@ void check_bad_arguments_are_clear_errors(ProcessGroup& pg) {
 }
 
 void check_messages_name_rank_and_operation(ProcessGroup& pg) {
-  expect_check_error([&] { pg.allreduce(torch::ones({3}, torch::kComplexFloat)); },
+  expect_check_error([&] { pg.allreduce(torch::ones({3}, torch::kComplexFloat), {ReduceOp::kMax}); },
                      "[rank " + std::to_string(pg.rank()) + "/" + std::to_string(pg.size()) +
-                         "] allreduce: tensor has dtype ComplexFloat");
+                         "] allreduce: MAX is not defined for complex dtype ComplexFloat");
 }
 
 } // namespace ddp::testing

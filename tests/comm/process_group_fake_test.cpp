@@ -59,6 +59,17 @@ TEST(FakeProcessGroup, ReductionsAreThoseOfRanksHoldingTheSameTensor) {
                               torch::full({2}, 4.0f)})
       ->wait();
   EXPECT_TRUE(out.equal(torch::full({2}, 8.0f)));
+
+  // Complex tensors as the real backends take them: SUM and AVG on the
+  // real and imaginary parts, the other reductions refused.
+  auto z = torch::complex(torch::tensor({1.0f, 2.0f}), torch::tensor({-1.0f, 0.5f}));
+  group->allreduce(z)->wait();
+  EXPECT_TRUE(z.equal(torch::complex(torch::tensor({4.0f, 8.0f}), torch::tensor({-4.0f, 2.0f}))));
+  group->allreduce(z, {ReduceOp::kAvg})->wait();
+  EXPECT_TRUE(z.equal(torch::complex(torch::tensor({4.0f, 8.0f}), torch::tensor({-4.0f, 2.0f}))));
+  EXPECT_NE(testing::error_of([&] { group->allreduce(z, {ReduceOp::kMax}); })
+                .find("[rank 1/4] allreduce: MAX is not defined for complex dtype ComplexFloat; only SUM and AVG are"),
+            std::string::npos);
 }
 
 TEST(FakeProcessGroup, GathersRepeatThisRanksInput) {

@@ -198,14 +198,16 @@ inline torch::nn::Sequential make_closed_form_mlp() {
 }
 
 /// Writes "name v0 v1 ..." per parameter and buffer, values as %.9g (which
-/// reads back as the same float).
+/// reads back as the same float); a complex value as its two parts.
 inline bool write_state_text(const torch::nn::Module& module, const std::string& path) {
   std::FILE* file = std::fopen(path.c_str(), "w");
   if (file == nullptr) {
     return false;
   }
   auto write = [&](const std::string& name, const torch::Tensor& tensor) {
-    auto flat = tensor.detach().reshape({-1}).to(torch::kDouble).contiguous();
+    // A complex tensor as its real and imaginary parts, side by side.
+    auto values = tensor.is_complex() ? torch::view_as_real(tensor.detach()) : tensor.detach();
+    auto flat = values.reshape({-1}).to(torch::kDouble).contiguous();
     std::fprintf(file, "%s", name.c_str());
     for (int64_t i = 0; i < flat.numel(); ++i) {
       std::fprintf(file, " %.9g", flat.data_ptr<double>()[i]);

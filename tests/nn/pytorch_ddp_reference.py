@@ -192,11 +192,26 @@ class EmbeddingBagNet(nn.Module):
         return self.fc(torch.tanh(self.bag(tokens)))
 
 
+class ComplexNet(nn.Module):
+    """pytorch_parity_main.cpp's ComplexNet: a complex weight, the magnitudes of x w, a Linear."""
+
+    def __init__(self):
+        super().__init__()
+        self.w = nn.Parameter(torch.zeros(K_IN, K_HIDDEN, dtype=torch.complex64))
+        self.fc = nn.Linear(K_HIDDEN, K_OUT)
+
+    def forward(self, x):
+        return self.fc(torch.matmul(x.to(torch.complex64), self.w).abs())
+
+
 def write_state_text(module, path):
     """Parameters and buffers, then "<parameter>.grad_defined 0|1" lines."""
     with open(path, "w") as out:
         for name, tensor in list(module.named_parameters()) + list(module.named_buffers()):
-            values = tensor.detach().reshape(-1).to(torch.float64).tolist()
+            values = tensor.detach()
+            if values.is_complex():  # its real and imaginary parts, side by side
+                values = torch.view_as_real(values)
+            values = values.reshape(-1).to(torch.float64).tolist()
             out.write(name + "".join(" %.9g" % v for v in values) + "\n")
         for name, p in module.named_parameters():
             out.write("%s.grad_defined %d\n" % (name, 0 if p.grad is None else 1))
@@ -221,6 +236,16 @@ def finish(net, path, writer=0):
     if dist.get_rank() == writer:
         write_state_text(net, path)
         print("wrote " + path, flush=True)
+
+
+def train_steps(model, optimizer):
+    """K_STEPS steps of the MSE loss on this rank's batches."""
+    rank, world_size = dist.get_rank(), dist.get_world_size()
+    for step in range(K_STEPS):
+        x, y = rank_batch(step, rank, world_size)
+        optimizer.zero_grad()
+        F.mse_loss(model(x), y).backward()
+        optimizer.step()
 
 
 def train_and_write(net, ddp_kwargs, path, make_optimizer=sgd, hook=None, averager=None):
@@ -555,16 +580,10 @@ def with_cpu_sync_batch_norm(net):
 
 def sync_batch_norm(path):
     """make_bn_mlp with its BatchNorm1d synchronised, on the even rank slices."""
-    rank, world_size = dist.get_rank(), dist.get_world_size()
     net = make_bn_mlp()
     start(net, path)
     model = nn.parallel.DistributedDataParallel(with_cpu_sync_batch_norm(net))
-    optimizer = sgd(model)
-    for step in range(K_STEPS):
-        x, y = rank_batch(step, rank, world_size)
-        optimizer.zero_grad()
-        F.mse_loss(model(x), y).backward()
-        optimizer.step()
+    train_steps(model, sgd(model))
     finish(net, path)
 
 
@@ -693,6 +712,56 @@ def zero(path, optimizer_class, params_of, bucket_view, **defaults):
     train_and_write(make_mlp(), {}, path, make_optimizer)
 
 
+def make_complex_net():
+    """init_closed_form's values for the real parts of w, then both parts set
+    as pytorch_parity_main.cpp sets them."""
+    net = ComplexNet()
+    init_closed_form(net)
+    with torch.no_grad():
+        torch.view_as_real(net.w).copy_(closed_form_tensor(
+            (K_IN, K_HIDDEN, 2), lambda n: 0.1 * math.sin(5.0 * n + 0.5) + 0.05))
+    return net
+
+
+def complex_params(path):
+    """A complex parameter beside real ones, under PyTorch's DDP (2.11's
+    Gloo moves and sums complex tensors). PyTorch 1.13's Gloo cannot
+    ("Invalid scalar type" in DDP's first broadcast, on every rank, before
+    anything is sent): there the numbers are the one-process result, the
+    average of the ranks' gradients at every step."""
+    rank, world_size = dist.get_rank(), dist.get_world_size()
+    net = make_complex_net()
+    if rank == 0:
+        write_state_text(net, path.replace(".txt", ".initial.txt"))
+    try:
+        model = nn.parallel.DistributedDataParallel(net)
+    except RuntimeError as e:
+        if "Invalid scalar type" not in str(e):
+            raise
+        # No collective after it: 1.13's group can report the failed
+        # broadcast again in the next one (a barrier raised it).
+        if rank == 0:
+            note = ("not supported by PyTorch %s (%s); compared against the one-process result "
+                    "instead: the average of the ranks' gradients" % (torch.__version__, str(e).strip()))
+            print(note, flush=True)
+            write_text(path.replace(".txt", ".note.txt"), note)
+        net = make_complex_net()
+        optimizer = sgd(net)
+        for step in range(K_STEPS):
+            optimizer.zero_grad(set_to_none=True)
+            for r in range(world_size):
+                x, y = rank_batch(step, r, world_size)
+                F.mse_loss(net(x), y).backward()
+            with torch.no_grad():
+                for p in net.parameters():
+                    p.grad.div_(world_size)
+            optimizer.step()
+        finish(net, path)
+        return
+    train_steps(model, sgd(model))
+    finish(net, path)
+
+
 def two_groups(params):
     return [{"params": params[:4]}, {"params": params[4:], "lr": 0.02}]
 
@@ -733,6 +802,7 @@ def main():
     zero(prefix + ".zero_adam.txt", torch.optim.Adam, lambda params: params, False, lr=1e-2)
     zero(prefix + ".zero_sgd_groups.txt", torch.optim.SGD, two_groups, True,
          lr=0.05, momentum=0.9, weight_decay=1e-3)
+    complex_params(prefix + ".complex_params.txt")  # last: on 1.13 its DDP fails first
     dist.destroy_process_group()
     # Every result is written. PyTorch 1.13 sometimes aborts while the
     # interpreter tears down its DDP objects ("terminate called without an

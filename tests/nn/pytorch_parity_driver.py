@@ -55,6 +55,7 @@ TRAINED = (
     "static_join",      # static_graph under Join: rank 0 alone uses a layer, joins first
     "zero_adam",        # ZeroRedundancyOptimizer with Adam
     "zero_sgd_groups",  # ZeroRedundancyOptimizer, SGD, two groups, parameters as bucket views
+    "complex_params",   # a complex parameter: its gradient reduced as pairs of reals
 )
 # Tighter tolerances: PowerSGD moves the rank-2 result only about 1e-5 away
 # from plain averaging here, so 1e-5 would not tell them apart (ours matches

@@ -21,7 +21,7 @@
 // unused_output, no_sync_buffers, join_buffers, join_unused, no_parameters,
 // frozen, two_forwards, embedding, embedding_bag, sync_batch_norm,
 // sync_batch_norm_uneven, static_twice, static_unused, static_join,
-// zero_adam, zero_sgd_groups.
+// zero_adam, zero_sgd_groups, complex_params.
 
 #include <torch/torch.h>
 
@@ -91,6 +91,21 @@ struct SwitchNetImpl : torch::nn::Module {
   torch::nn::Linear fc1, extra, fc2;
 };
 TORCH_MODULE(SwitchNet);
+
+// A complex weight beside real ones: the magnitudes of x w, then a Linear.
+struct ComplexNetImpl : torch::nn::Module {
+  ComplexNetImpl()
+      : w(register_parameter("w", torch::zeros({ddp_test::kIn, ddp_test::kHidden}, torch::kComplexFloat))),
+        fc(register_module("fc", torch::nn::Linear(ddp_test::kHidden, ddp_test::kOut))) {}
+
+  torch::Tensor forward(torch::Tensor x) {
+    return fc(torch::matmul(x.to(torch::kComplexFloat), w).abs());
+  }
+
+  torch::Tensor w;
+  torch::nn::Linear fc;
+};
+TORCH_MODULE(ComplexNet);
 
 torch::optim::SGD make_sgd(ddp::DistributedDataParallel& model) {
   return torch::optim::SGD(model->parameters(), torch::optim::SGDOptions(0.2).momentum(0.5));
@@ -507,6 +522,25 @@ bool zero_sgd_groups(const std::string& path) {
       path);
 }
 
+// complex_params: a complex parameter, whose gradient DDP's buckets reduce
+// as pairs of reals (Note [Complex arguments]), beside real ones. The real
+// parts of w are init_closed_form's; both parts are set here, as the
+// reference sets them.
+bool complex_params(const std::string& path) {
+  ComplexNet net;
+  ddp_test::init_closed_form(*net);
+  {
+    torch::NoGradGuard no_grad;
+    torch::view_as_real(net->w).copy_(ddp_test::closed_form_tensor(
+        {ddp_test::kIn, ddp_test::kHidden, 2},
+        [](int64_t n) { return 0.1 * std::sin(5.0 * static_cast<double>(n) + 0.5) + 0.05; }));
+  }
+  ddp::DistributedDataParallel model(net);
+  auto optimizer = make_sgd(model);
+  train_steps(model, optimizer);
+  return write_result(*net, path);
+}
+
 int main(int argc, char** argv) {
   if (argc < 2) {
     std::fprintf(stderr, "usage: ddp_pytorch_parity_main OUT_PREFIX [CONFIGURATION...]\n");
@@ -570,6 +604,7 @@ int main(int argc, char** argv) {
       {"static_join", static_join},
       {"zero_adam", zero_adam},
       {"zero_sgd_groups", zero_sgd_groups},
+      {"complex_params", complex_params},
   };
   try {
     ddp::init_process_group();

@@ -39,7 +39,10 @@ namespace ddp {
 /// itself, not a copy. Any strides are taken (a column view, a transposed or
 /// channels-last tensor: copied to contiguous memory and back for the
 /// transport); an output must not be expanded (its elements would share
-/// memory).
+/// memory). Complex tensors are taken everywhere, as torch.distributed takes
+/// them: they travel as pairs of reals, so SUM and AVG reduce the real and
+/// imaginary parts apart and the other reduce ops refuse a complex tensor
+/// (docs/design.md, "The ProcessGroup contract").
 ///
 /// Every operation has a deadline: the group's `timeout()` unless the call's
 /// options give another. Past it the operation fails with `TimeoutError`.

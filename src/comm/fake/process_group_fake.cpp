@@ -14,6 +14,7 @@
 
 #include "comm/alltoall_splits.h"
 #include "comm/collective_checks.h"
+#include "comm/complex_arguments.h"
 #include "comm/contiguous_arguments.h"
 #include "comm/default_group.h"
 #include "comm/fake/fake_link.h"
@@ -34,8 +35,13 @@ void check_fake_tensor(const at::Tensor& t, const std::string& who, const std::s
 // Any device (the meta device too) and dtype; dense tensors.
 constexpr internal::TensorRules kFakeRules{&check_fake_tensor, nullptr, nullptr};
 
-// The pairs of dtype and operation that Gloo and MPI reduce.
+// The pairs of dtype and operation that Gloo and MPI reduce (complex
+// dtypes as their real views: Note [Complex arguments]).
 void check_fake_reducible(at::ScalarType dtype, ReduceOp op, const std::string& who) {
+  if (c10::isComplexType(dtype)) {
+    internal::check_complex_reduction(dtype, op, who);
+    return;
+  }
   DDP_CHECK(internal::reduce_kernel(dtype, op) != nullptr, who, ": ", to_string(op), " is not defined for dtype ",
             dtype,
             op == ReduceOp::kAvg ? "; AVG needs a floating-point tensor (use SUM and divide)"

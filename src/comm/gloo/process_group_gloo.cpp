@@ -49,6 +49,7 @@
 
 #include "comm/alltoall_splits.h"
 #include "comm/collective_checks.h"
+#include "comm/complex_arguments.h"
 #include "comm/fingerprint.h"
 #include "comm/gloo/gloo_api.h"
 #include "comm/gloo/gloo_exchange_allreduce.h"
@@ -158,6 +159,11 @@ std::shared_ptr<Work> ProcessGroupGloo::allreduce(const at::Tensor& tensor,
 std::shared_ptr<Work> ProcessGroupGloo::allreduce_coalesced(
     const std::vector<at::Tensor>& tensors, const AllreduceOptions& options) {
   const std::string who = rank_prefix() + " allreduce";
+  if (internal::has_complex(tensors)) { // Note [Complex arguments]
+    internal::check_complex_reduction(tensors, options.op, who);
+    internal::ComplexArguments complex;
+    return complex.given_back(allreduce_coalesced(complex.real(tensors), options));
+  }
   if (tensors.size() == 1 && tensors[0].defined() && tensors[0].is_sparse()) {
     internal::check_sparse_allreduce(tensors[0], options.op, who, kGlooRules);
     const at::Tensor tensor = tensors[0];
@@ -178,6 +184,12 @@ std::shared_ptr<Work> ProcessGroupGloo::allreduce_coalesced(
 
 std::shared_ptr<Work> ProcessGroupGloo::reduce_gradients(const at::Tensor& buffer, std::vector<ReduceTarget> gradients,
                                                          double scale, std::chrono::milliseconds timeout) {
+  if (internal::has_complex(buffer)) { // Note [Complex arguments]
+    internal::ComplexArguments complex;
+    auto real_buffer = complex.real_buffer(buffer);
+    return complex.given_back(reduce_gradients(
+        real_buffer, internal::ComplexArguments::real_targets(std::move(gradients)), scale, timeout));
+  }
   auto checked =
       internal::checked_reduce_targets(buffer, std::move(gradients), rank_prefix() + " reduce_gradients");
   AllreduceOptions options;
@@ -299,6 +311,10 @@ std::shared_ptr<Work> ProcessGroupGloo::allreduce_dense(const std::vector<at::Te
 
 std::shared_ptr<Work> ProcessGroupGloo::broadcast(const at::Tensor& tensor,
                                                   const BroadcastOptions& options) {
+  if (internal::has_complex(tensor)) { // Note [Complex arguments]
+    internal::ComplexArguments complex;
+    return complex.given_back(broadcast(complex.real(tensor), options));
+  }
   const std::string who = rank_prefix() + " broadcast";
   internal::check_rooted(tensor, options.root_rank, size(), who, kGlooRules);
   const int root = options.root_rank;
@@ -327,6 +343,11 @@ std::shared_ptr<Work> ProcessGroupGloo::broadcast(const at::Tensor& tensor,
 std::shared_ptr<Work> ProcessGroupGloo::reduce(const at::Tensor& tensor,
                                                const ReduceOptions& options) {
   const std::string who = rank_prefix() + " reduce";
+  if (internal::has_complex(tensor)) { // Note [Complex arguments]
+    internal::check_complex_reduction(tensor, options.op, who);
+    internal::ComplexArguments complex;
+    return complex.given_back(reduce(complex.real(tensor), options));
+  }
   internal::check_rooted(tensor, options.root_rank, size(), who, kGlooRules);
   auto kernel = checked_kernel(tensor.scalar_type(), options.op, who);
   const int root = options.root_rank;
@@ -362,6 +383,10 @@ std::shared_ptr<Work> ProcessGroupGloo::reduce(const at::Tensor& tensor,
 std::shared_ptr<Work> ProcessGroupGloo::allgather(const std::vector<at::Tensor>& outputs,
                                                   const at::Tensor& input,
                                                   const AllgatherOptions& options) {
+  if (internal::has_complex(input) || internal::has_complex(outputs)) { // Note [Complex arguments]
+    internal::ComplexArguments complex;
+    return complex.given_back(allgather(complex.real(outputs), complex.real(input), options));
+  }
   const std::string who = rank_prefix() + " allgather";
   internal::check_allgather(outputs, input, size(), who, kGlooRules);
   auto context = impl_->context();
@@ -390,6 +415,10 @@ std::shared_ptr<Work> ProcessGroupGloo::allgather(const std::vector<at::Tensor>&
 std::shared_ptr<Work> ProcessGroupGloo::allgather_into_tensor(const at::Tensor& output,
                                                               const at::Tensor& input,
                                                               const AllgatherOptions& options) {
+  if (internal::has_complex(input) || internal::has_complex(output)) { // Note [Complex arguments]
+    internal::ComplexArguments complex;
+    return complex.given_back(allgather_into_tensor(complex.real(output), complex.real(input), options));
+  }
   const std::string who = rank_prefix() + " allgather_into_tensor";
   internal::check_allgather_into_tensor(output, input, size(), who, kGlooRules);
   internal::ContiguousArguments args;
@@ -484,6 +513,10 @@ GlooSharedMemoryStats ProcessGroupGloo::shared_memory_stats() const {
 std::shared_ptr<Work> ProcessGroupGloo::gather(const std::vector<at::Tensor>& outputs,
                                                const at::Tensor& input,
                                                const GatherOptions& options) {
+  if (internal::has_complex(input) || internal::has_complex(outputs)) { // Note [Complex arguments]
+    internal::ComplexArguments complex;
+    return complex.given_back(gather(complex.real(outputs), complex.real(input), options));
+  }
   const std::string who = rank_prefix() + " gather";
   internal::check_gather(outputs, input, rank(), options.root_rank, size(), who, kGlooRules);
   const bool is_root = rank() == options.root_rank;
@@ -525,6 +558,10 @@ std::shared_ptr<Work> ProcessGroupGloo::gather(const std::vector<at::Tensor>& ou
 std::shared_ptr<Work> ProcessGroupGloo::scatter(const at::Tensor& output,
                                                 const std::vector<at::Tensor>& inputs,
                                                 const ScatterOptions& options) {
+  if (internal::has_complex(output) || internal::has_complex(inputs)) { // Note [Complex arguments]
+    internal::ComplexArguments complex;
+    return complex.given_back(scatter(complex.real(output), complex.real(inputs), options));
+  }
   const std::string who = rank_prefix() + " scatter";
   internal::check_scatter(output, inputs, rank(), options.root_rank, size(), who, kGlooRules);
   const bool is_root = rank() == options.root_rank;
@@ -567,6 +604,11 @@ std::shared_ptr<Work> ProcessGroupGloo::reduce_scatter(const at::Tensor& output,
                                                        const std::vector<at::Tensor>& inputs,
                                                        const ReduceScatterOptions& options) {
   const std::string who = rank_prefix() + " reduce_scatter";
+  if (internal::has_complex(output) || internal::has_complex(inputs)) { // Note [Complex arguments]
+    internal::check_complex_reduction(inputs, options.op, who);
+    internal::ComplexArguments complex;
+    return complex.given_back(reduce_scatter(complex.real(output), complex.real(inputs), options));
+  }
   internal::check_reduce_scatter(output, inputs, rank(), size(), who, kGlooRules);
   auto kernel = checked_kernel(output.scalar_type(), options.op, who);
   const ReduceOp op = options.op;
@@ -625,6 +667,10 @@ std::shared_ptr<Work> ProcessGroupGloo::reduce_scatter(const at::Tensor& output,
 
 std::shared_ptr<Work> ProcessGroupGloo::alltoall(const at::Tensor& output, const at::Tensor& input,
                                                  const AlltoallOptions& options) {
+  if (internal::has_complex(output) || internal::has_complex(input)) { // Note [Complex arguments]
+    internal::ComplexArguments complex;
+    return complex.given_back(alltoall(complex.real(output), complex.real(input), options));
+  }
   const std::string who = rank_prefix() + " alltoall";
   const auto layout = internal::check_alltoall(output, input, size(), options, who, kGlooRules);
   internal::ContiguousArguments args;
@@ -690,6 +736,11 @@ std::shared_ptr<Work> ProcessGroupGloo::barrier(const BarrierOptions& options) {
 
 std::shared_ptr<Work> ProcessGroupGloo::send(const at::Tensor& tensor, int dst_rank,
                                              const PointToPointOptions& options) {
+  if (internal::has_complex(tensor)) { // Note [Complex arguments]
+    // The transfer's own Work, which completes in wait(): its result is the view.
+    internal::ComplexArguments complex;
+    return send(complex.real(tensor), dst_rank, options);
+  }
   const std::string who = rank_prefix() + " send";
   internal::check_point_to_point(tensor, dst_rank, options.tag, rank(), size(), who, "destination",
                                  kGlooRules);
@@ -700,6 +751,11 @@ std::shared_ptr<Work> ProcessGroupGloo::send(const at::Tensor& tensor, int dst_r
 
 std::shared_ptr<Work> ProcessGroupGloo::recv(const at::Tensor& tensor, int src_rank,
                                              const PointToPointOptions& options) {
+  if (internal::has_complex(tensor)) { // Note [Complex arguments]
+    // The transfer's own Work, which completes in wait(): its result is the view.
+    internal::ComplexArguments complex;
+    return recv(complex.real(tensor), src_rank, options);
+  }
   const std::string who = rank_prefix() + " recv";
   internal::check_point_to_point(tensor, src_rank, options.tag, rank(), size(), who, "source",
                                  kGlooRules);

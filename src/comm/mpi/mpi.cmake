@@ -10,6 +10,7 @@ if(DDP_HAVE_MPI)
     src/comm/mpi/mpi_reduce_scatter.cpp
     src/comm/mpi/mpi_shared_buffers.cpp
     src/comm/mpi/mpi_sparse.cpp
+    src/comm/mpi/mpi_packing.cpp
     src/comm/mpi/process_group_mpi.cpp)
   target_link_libraries(ddp_comm_mpi PUBLIC ddp_mpi_deps)
   target_precompile_headers(ddp_comm_mpi REUSE_FROM ddp_comm)

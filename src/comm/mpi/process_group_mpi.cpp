@@ -25,10 +25,12 @@
 
 #include "comm/alltoall_splits.h"
 #include "comm/collective_checks.h"
+#include "comm/complex_arguments.h"
 #include "comm/contiguous_arguments.h"
 #include "comm/fingerprint.h"
 #include "comm/host_staging.h"
 #include "comm/mpi/mpi_engine.h"
+#include "comm/mpi/mpi_packing.h"
 #include "comm/mpi/mpi_reduce_scatter.h"
 #include "comm/mpi/mpi_ring.h"
 #include "comm/mpi/mpi_runtime.h"
@@ -122,83 +124,6 @@ void in_pieces(const at::Tensor& tensor, Call&& call) {
   }
 }
 
-int64_t total_numel(const std::vector<at::Tensor>& tensors) {
-  int64_t numel = 0;
-  for (const auto& t : tensors) {
-    numel += t.numel();
-  }
-  return numel;
-}
-
-int64_t bytes_of(const std::vector<at::Tensor>& tensors) {
-  int64_t bytes = 0;
-  for (const auto& t : tensors) {
-    bytes += static_cast<int64_t>(t.nbytes());
-  }
-  return bytes;
-}
-
-// `input` on the host, as a buffer MPI may read while it writes `output`:
-// MPI forbids a send buffer that overlaps the receive buffer.
-at::Tensor separate_input(const at::Tensor& input, const at::Tensor& output) {
-  if (input.numel() > 0 && input.is_same(output)) {
-    return input.clone();
-  }
-  if (input.has_storage() && output.has_storage() &&
-      input.storage().unsafeGetStorageImpl() == output.storage().unsafeGetStorageImpl()) {
-    return input.clone();
-  }
-  return input;
-}
-
-// A flat host tensor holding `tensors` one after the other.
-at::Tensor packed_on_host(const std::vector<at::Tensor>& tensors) {
-  std::vector<at::Tensor> views;
-  for (const auto& t : tensors) {
-    views.push_back(t.reshape({-1}));
-  }
-  return at::cat(views).cpu();
-}
-
-// `inputs` as one flat host tensor, for a collective that writes `output`:
-// a view when the non-empty ones lie end to end in one host storage that
-// `output` does not share (a ZeRO stage-2 bucket, laid out by owner), else a
-// packed copy.
-at::Tensor inputs_on_host(const std::vector<at::Tensor>& inputs, const at::Tensor& output) {
-  const at::Tensor* first = nullptr;
-  const char* next = nullptr;
-  int64_t total = 0;
-  for (const auto& t : inputs) {
-    if (t.numel() == 0) {
-      continue;
-    }
-    const auto* data = static_cast<const char*>(t.data_ptr());
-    if (!t.device().is_cpu() || !t.is_contiguous() || t.is_alias_of(output) ||
-        (first != nullptr && (!t.is_alias_of(*first) || data != next))) {
-      return packed_on_host(inputs);
-    }
-    if (first == nullptr) {
-      first = &t;
-    }
-    next = data + t.nbytes();
-    total += t.numel();
-  }
-  if (first == nullptr) {
-    return packed_on_host(inputs);
-  }
-  return at::empty({0}, first->options())
-      .set_(first->storage(), first->storage_offset(), {total}, {1});
-}
-
-// Copies consecutive pieces of the flat `flat` into `outputs`.
-void unpack(const at::Tensor& flat, const std::vector<at::Tensor>& outputs) {
-  int64_t offset = 0;
-  for (const auto& t : outputs) {
-    t.view({-1}).copy_(flat.narrow(0, offset, t.numel()));
-    offset += t.numel();
-  }
-}
-
 // The world that MPI sees is the one the launcher started: a launcher that
 // is not MPI's (ddprun, torchrun: WORLD_SIZE) leaves every process a world
 // of its own, and an mpirun of another MPI than the one linked in
@@ -289,6 +214,11 @@ std::shared_ptr<Work> ProcessGroupMPI::allreduce(const at::Tensor& tensor,
 std::shared_ptr<Work> ProcessGroupMPI::allreduce_coalesced(const std::vector<at::Tensor>& tensors,
                                                            const AllreduceOptions& options) {
   const std::string who = rank_prefix() + " allreduce";
+  if (internal::has_complex(tensors)) { // Note [Complex arguments]
+    internal::check_complex_reduction(tensors, options.op, who);
+    internal::ComplexArguments complex;
+    return complex.given_back(allreduce_coalesced(complex.real(tensors), options));
+  }
   if (tensors.size() == 1 && tensors[0].defined() && tensors[0].is_sparse()) {
     internal::check_sparse_allreduce(tensors[0], options.op, who, kMpiRules);
     const at::Tensor tensor = tensors[0];
@@ -313,7 +243,7 @@ std::shared_ptr<Work> ProcessGroupMPI::allreduce_coalesced(const std::vector<at:
   const bool average = options.op == ReduceOp::kAvg;
   const int size = this->size();
   const int rank = this->rank();
-  const int64_t bytes = bytes_of(tensors);
+  const int64_t bytes = mpi::bytes_of(tensors);
   // The same choices on every rank: they depend on the size alone (the
   // fingerprint check has compared dtype and element count).
   const bool ring = size > 1 && impl_->ring_allreduce_min_bytes >= 0 &&
@@ -326,7 +256,7 @@ std::shared_ptr<Work> ProcessGroupMPI::allreduce_coalesced(const std::vector<at:
   std::vector<uint8_t>* scratch = &impl_->ring_scratch;
   internal::shm::SharedBuffers* shared = &impl_->shared;
   return impl_->engine.enqueue(
-      internal::Fingerprint{"allreduce", tensors[0].scalar_type(), total_numel(tensors), options.op},
+      internal::Fingerprint{"allreduce", tensors[0].scalar_type(), mpi::total_numel(tensors), options.op},
       resolve_timeout(options.timeout), args.keep(dense), bytes,
       args.wrap([tensors = dense, reduction, average, size, rank, ring, try_shared, bytes, kernel,
                  scratch, shared](MPI_Comm comm) {
@@ -346,7 +276,7 @@ std::shared_ptr<Work> ProcessGroupMPI::allreduce_coalesced(const std::vector<at:
         // One tensor is reduced in place; several are packed into one buffer
         // so that they cost one collective.
         const at::Tensor flat =
-            tensors.size() == 1 ? staging.in(tensors[0]) : packed_on_host(tensors);
+            tensors.size() == 1 ? staging.in(tensors[0]) : mpi::packed_on_host(tensors);
         in_pieces(flat, [&](void* data, int count) {
           if (ring) {
             mpi::ring_allreduce(data, count, flat.element_size(), reduction.datatype, kernel, comm,
@@ -363,7 +293,7 @@ std::shared_ptr<Work> ProcessGroupMPI::allreduce_coalesced(const std::vector<at:
         if (tensors.size() == 1) {
           staging.copy_back();
         } else {
-          unpack(flat, tensors);
+          mpi::unpack(flat, tensors);
         }
         return tensors;
       }));
@@ -371,6 +301,10 @@ std::shared_ptr<Work> ProcessGroupMPI::allreduce_coalesced(const std::vector<at:
 
 std::shared_ptr<Work> ProcessGroupMPI::broadcast(const at::Tensor& tensor,
                                                  const BroadcastOptions& options) {
+  if (internal::has_complex(tensor)) { // Note [Complex arguments]
+    internal::ComplexArguments complex;
+    return complex.given_back(broadcast(complex.real(tensor), options));
+  }
   const std::string who = rank_prefix() + " broadcast";
   internal::check_rooted(tensor, options.root_rank, size(), who, kMpiRules);
   const int root = options.root_rank;
@@ -393,6 +327,11 @@ std::shared_ptr<Work> ProcessGroupMPI::broadcast(const at::Tensor& tensor,
 
 std::shared_ptr<Work> ProcessGroupMPI::reduce(const at::Tensor& tensor, const ReduceOptions& options) {
   const std::string who = rank_prefix() + " reduce";
+  if (internal::has_complex(tensor)) { // Note [Complex arguments]
+    internal::check_complex_reduction(tensor, options.op, who);
+    internal::ComplexArguments complex;
+    return complex.given_back(reduce(complex.real(tensor), options));
+  }
   internal::check_rooted(tensor, options.root_rank, size(), who, kMpiRules);
   check_reducible(tensor.scalar_type(), options.op, who);
   const auto reduction = mpi::reduction_of(tensor.scalar_type(), options.op);
@@ -425,6 +364,10 @@ std::shared_ptr<Work> ProcessGroupMPI::reduce(const at::Tensor& tensor, const Re
 std::shared_ptr<Work> ProcessGroupMPI::allgather(const std::vector<at::Tensor>& outputs,
                                                  const at::Tensor& input,
                                                  const AllgatherOptions& options) {
+  if (internal::has_complex(input) || internal::has_complex(outputs)) { // Note [Complex arguments]
+    internal::ComplexArguments complex;
+    return complex.given_back(allgather(complex.real(outputs), complex.real(input), options));
+  }
   const std::string who = rank_prefix() + " allgather";
   internal::check_allgather(outputs, input, size(), who, kMpiRules);
   const int count = checked_count(input.numel(), who, "input");
@@ -444,7 +387,7 @@ std::shared_ptr<Work> ProcessGroupMPI::allgather(const std::vector<at::Tensor>& 
                                        datatype, comm),
                          "MPI_Allgather");
         }
-        unpack(flat, outputs);
+        mpi::unpack(flat, outputs);
         return outputs;
       }));
 }
@@ -452,6 +395,10 @@ std::shared_ptr<Work> ProcessGroupMPI::allgather(const std::vector<at::Tensor>& 
 std::shared_ptr<Work> ProcessGroupMPI::allgather_into_tensor(const at::Tensor& output,
                                                              const at::Tensor& input,
                                                              const AllgatherOptions& options) {
+  if (internal::has_complex(input) || internal::has_complex(output)) { // Note [Complex arguments]
+    internal::ComplexArguments complex;
+    return complex.given_back(allgather_into_tensor(complex.real(output), complex.real(input), options));
+  }
   const std::string who = rank_prefix() + " allgather_into_tensor";
   internal::check_allgather_into_tensor(output, input, size(), who, kMpiRules);
   const int count = checked_count(input.numel(), who, "input");
@@ -480,7 +427,7 @@ std::shared_ptr<Work> ProcessGroupMPI::allgather_into_tensor(const at::Tensor& o
         }
         internal::HostStaging staging;
         const auto host_output = staging.in(output);
-        const auto host_input = separate_input(input.cpu(), host_output);
+        const auto host_input = mpi::separate_input(input.cpu(), host_output);
         if (count > 0) {
           mpi::check_mpi(MPI_Allgather(host_input.data_ptr(), count, datatype, host_output.data_ptr(),
                                        count, datatype, comm),
@@ -493,6 +440,10 @@ std::shared_ptr<Work> ProcessGroupMPI::allgather_into_tensor(const at::Tensor& o
 
 std::shared_ptr<Work> ProcessGroupMPI::gather(const std::vector<at::Tensor>& outputs,
                                               const at::Tensor& input, const GatherOptions& options) {
+  if (internal::has_complex(input) || internal::has_complex(outputs)) { // Note [Complex arguments]
+    internal::ComplexArguments complex;
+    return complex.given_back(gather(complex.real(outputs), complex.real(input), options));
+  }
   const std::string who = rank_prefix() + " gather";
   internal::check_gather(outputs, input, rank(), options.root_rank, size(), who, kMpiRules);
   const int count = checked_count(input.numel(), who, "input");
@@ -519,7 +470,7 @@ std::shared_ptr<Work> ProcessGroupMPI::gather(const std::vector<at::Tensor>& out
                          "MPI_Gather");
         }
         if (is_root) {
-          unpack(flat, outputs);
+          mpi::unpack(flat, outputs);
         }
         return outputs;
       }));
@@ -528,6 +479,10 @@ std::shared_ptr<Work> ProcessGroupMPI::gather(const std::vector<at::Tensor>& out
 std::shared_ptr<Work> ProcessGroupMPI::scatter(const at::Tensor& output,
                                                const std::vector<at::Tensor>& inputs,
                                                const ScatterOptions& options) {
+  if (internal::has_complex(output) || internal::has_complex(inputs)) { // Note [Complex arguments]
+    internal::ComplexArguments complex;
+    return complex.given_back(scatter(complex.real(output), complex.real(inputs), options));
+  }
   const std::string who = rank_prefix() + " scatter";
   internal::check_scatter(output, inputs, rank(), options.root_rank, size(), who, kMpiRules);
   const int count = checked_count(output.numel(), who, "output");
@@ -545,7 +500,7 @@ std::shared_ptr<Work> ProcessGroupMPI::scatter(const at::Tensor& output,
         internal::HostStaging staging;
         const auto host_output = staging.in(output);
         // Packed into a new buffer, so that it never overlaps the output.
-        const at::Tensor flat = is_root ? packed_on_host(inputs) : at::Tensor();
+        const at::Tensor flat = is_root ? mpi::packed_on_host(inputs) : at::Tensor();
         if (count > 0) {
           mpi::check_mpi(MPI_Scatter(is_root ? flat.data_ptr() : nullptr, count, datatype,
                                      host_output.data_ptr(), count, datatype, root, comm),
@@ -560,6 +515,11 @@ std::shared_ptr<Work> ProcessGroupMPI::reduce_scatter(const at::Tensor& output,
                                                       const std::vector<at::Tensor>& inputs,
                                                       const ReduceScatterOptions& options) {
   const std::string who = rank_prefix() + " reduce_scatter";
+  if (internal::has_complex(output) || internal::has_complex(inputs)) { // Note [Complex arguments]
+    internal::check_complex_reduction(inputs, options.op, who);
+    internal::ComplexArguments complex;
+    return complex.given_back(reduce_scatter(complex.real(output), complex.real(inputs), options));
+  }
   internal::check_reduce_scatter(output, inputs, rank(), size(), who, kMpiRules);
   check_reducible(output.scalar_type(), options.op, who);
   const auto reduction = mpi::reduction_of(output.scalar_type(), options.op);
@@ -579,7 +539,7 @@ std::shared_ptr<Work> ProcessGroupMPI::reduce_scatter(const at::Tensor& output,
   auto kernel = internal::reduce_kernel(output.scalar_type(), options.op);
   const MPI_Datatype datatype = mpi::datatype_of(output.scalar_type());
   const int rank = this->rank();
-  const int64_t bytes = bytes_of(inputs);
+  const int64_t bytes = mpi::bytes_of(inputs);
   // The same choice on every rank: the size alone (and the dtype and op,
   // which the fingerprint check compares).
   const bool try_shared = size > 1 && kernel && impl_->shared_memory_min_bytes >= 0 &&
@@ -606,7 +566,7 @@ std::shared_ptr<Work> ProcessGroupMPI::reduce_scatter(const at::Tensor& output,
         internal::HostStaging staging;
         const auto host_output = staging.in(output);
         // A new buffer unless the inputs lie end to end apart from the output.
-        const auto flat = inputs_on_host(inputs, host_output);
+        const auto flat = mpi::inputs_on_host(inputs, host_output);
         if (total > 0) {
           if (kernel) {
             mpi::direct_reduce_scatter(flat.data_ptr(), counts, host_output.data_ptr(), flat.element_size(),
@@ -632,6 +592,10 @@ std::shared_ptr<Work> ProcessGroupMPI::reduce_scatter(const at::Tensor& output,
 
 std::shared_ptr<Work> ProcessGroupMPI::alltoall(const at::Tensor& output, const at::Tensor& input,
                                                 const AlltoallOptions& options) {
+  if (internal::has_complex(output) || internal::has_complex(input)) { // Note [Complex arguments]
+    internal::ComplexArguments complex;
+    return complex.given_back(alltoall(complex.real(output), complex.real(input), options));
+  }
   const std::string who = rank_prefix() + " alltoall";
   const auto layout = internal::check_alltoall(output, input, size(), options, who, kMpiRules);
   if (layout.uneven) {
@@ -661,7 +625,7 @@ std::shared_ptr<Work> ProcessGroupMPI::alltoall(const at::Tensor& output, const 
           internal::check_alltoall_agreement(table.data(), size, who);
           internal::HostStaging staging;
           const auto host_output = staging.write(output);
-          const auto host_input = separate_input(input.cpu(), host_output);
+          const auto host_input = mpi::separate_input(input.cpu(), host_output);
           mpi::check_mpi(MPI_Alltoallv(host_input.data_ptr(), send_counts.data(), send_offsets.data(), datatype,
                                        host_output.data_ptr(), recv_counts.data(), recv_offsets.data(), datatype,
                                        comm),
@@ -683,7 +647,7 @@ std::shared_ptr<Work> ProcessGroupMPI::alltoall(const at::Tensor& output, const 
       args.wrap([output = dense_output, input = dense_input, count, datatype](MPI_Comm comm) {
         internal::HostStaging staging;
         const auto host_output = staging.in(output);
-        const auto host_input = separate_input(input.cpu(), host_output);
+        const auto host_input = mpi::separate_input(input.cpu(), host_output);
         if (count > 0) {
           mpi::check_mpi(MPI_Alltoall(host_input.data_ptr(), count, datatype, host_output.data_ptr(),
                                       count, datatype, comm),
@@ -749,6 +713,11 @@ void ProcessGroupMPI::wait_for_pending_work() {
 
 std::shared_ptr<Work> ProcessGroupMPI::send(const at::Tensor& tensor, int dst_rank,
                                             const PointToPointOptions& options) {
+  if (internal::has_complex(tensor)) { // Note [Complex arguments]
+    // The transfer's own Work, which completes in wait(): its result is the view.
+    internal::ComplexArguments complex;
+    return send(complex.real(tensor), dst_rank, options);
+  }
   const std::string who = rank_prefix() + " send";
   internal::check_point_to_point(tensor, dst_rank, options.tag, rank(), size(), who, "destination",
                                  kMpiRules);
@@ -762,6 +731,11 @@ std::shared_ptr<Work> ProcessGroupMPI::send(const at::Tensor& tensor, int dst_ra
 
 std::shared_ptr<Work> ProcessGroupMPI::recv(const at::Tensor& tensor, int src_rank,
                                             const PointToPointOptions& options) {
+  if (internal::has_complex(tensor)) { // Note [Complex arguments]
+    // The transfer's own Work, which completes in wait(): its result is the view.
+    internal::ComplexArguments complex;
+    return recv(complex.real(tensor), src_rank, options);
+  }
   const std::string who = rank_prefix() + " recv";
   internal::check_point_to_point(tensor, src_rank, options.tag, rank(), size(), who, "source",
                                  kMpiRules);

@@ -11,6 +11,7 @@
 
 #include <ddp/comm/error.h>
 
+#include "comm/complex_arguments.h"
 #include "internal/check.h"
 #include "internal/torch_compat.h"
 
@@ -204,9 +205,9 @@ NcclReduction nccl_reduction(at::ScalarType dtype, ReduceOp op, const std::strin
     return reduction;
   }
   if (c10::isComplexType(dtype)) {
-    // Componentwise operations only: a complex sum is the sum of its parts.
-    DDP_CHECK(op == ReduceOp::kSum || op == ReduceOp::kAvg, who, ": ", to_string(op),
-              " is not defined for complex dtype ", dtype, "; only SUM and AVG are");
+    // Componentwise operations only: a complex sum is the sum of its parts
+    // (Note [Complex arguments]).
+    check_complex_reduction(dtype, op, who);
     reduction.elements_per_value = 2;
   }
   switch (op) {
