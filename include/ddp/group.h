@@ -1,7 +1,8 @@
 #pragma once
 
 /// Subgroups of the default process group: `new_group(ranks)`, as
-/// torch.distributed's `new_group`, and the rank translations that go with
+/// torch.distributed's `new_group`, `new_subgroups` and
+/// `new_subgroups_by_enumeration`, and the rank translations that go with
 /// them (`global_rank`, `group_rank`, `group_ranks`).
 ///
 /// Thread-safety: every function may be called from any thread, but the
@@ -70,14 +71,17 @@ struct NewGroupOptions {
 /// naming the group and the ranks that are missing.
 std::shared_ptr<ProcessGroup> new_group(std::vector<int> ranks, const NewGroupOptions& options = {});
 
-/// The groups that `new_subgroups` made: every one of them, in order, and
-/// the one this process belongs to.
+/// The groups that `new_subgroups` or `new_subgroups_by_enumeration` made:
+/// every one of them, in order, and the one this process belongs to.
 struct Subgroups {
-  /// This process's group: the one of global ranks
-  /// [k * group_size, (k + 1) * group_size) that holds it.
+  /// This process's group: for `new_subgroups`, the one of global ranks
+  /// [k * group_size, (k + 1) * group_size) that holds it; for
+  /// `new_subgroups_by_enumeration`, the one whose list names it, or
+  /// nullptr when none does (PyTorch's None).
   std::shared_ptr<ProcessGroup> mine;
-  /// Every group, group k holding global ranks [k * group_size,
-  /// (k + 1) * group_size); non-member handles for the others.
+  /// Every group, in the order made (`new_subgroups`: group k holds global
+  /// ranks [k * group_size, (k + 1) * group_size)); non-member handles for
+  /// the groups this process is not in.
   std::vector<std::shared_ptr<ProcessGroup>> all;
 };
 
@@ -86,6 +90,19 @@ struct Subgroups {
 /// `new_group` once per group, in order. Throws `c10::Error` when
 /// `group_size` is not positive or does not divide the world size.
 Subgroups new_subgroups(int group_size, const NewGroupOptions& options = {});
+
+/// Makes one group of each list of global ranks in `ranks_per_subgroup`, in
+/// order, as PyTorch's `new_subgroups_by_enumeration`: calls `new_group`
+/// once per list, so every process of the default group must make the call
+/// with the same lists. The lists need not cover every rank. Throws
+/// `c10::Error`, before any group is made (PyTorch makes the groups before
+/// the one that fails), when `ranks_per_subgroup` is empty or a rank appears
+/// in two lists (naming both); each list is then checked as `new_group`
+/// checks its `ranks`.
+/// Example: `auto split = ddp::new_subgroups_by_enumeration({{0, 2}, {1, 3}});`
+/// then `split.mine->allreduce(t)` sums over ranks {0, 2} or {1, 3}.
+Subgroups new_subgroups_by_enumeration(const std::vector<std::vector<int>>& ranks_per_subgroup,
+                                       const NewGroupOptions& options = {});
 
 /// Whether this process belongs to `group`: false for the handle that
 /// `new_group` gives a non-member (and for a null pointer).

@@ -363,6 +363,33 @@ Subgroups new_subgroups(int group_size, const NewGroupOptions& options) {
   return result;
 }
 
+Subgroups new_subgroups_by_enumeration(const std::vector<std::vector<int>>& ranks_per_subgroup,
+                                       const NewGroupOptions& options) {
+  const auto context = internal::default_group_context("new_subgroups_by_enumeration");
+  const std::string who = rank_prefix_of(context) + " new_subgroups_by_enumeration";
+  DDP_CHECK(!ranks_per_subgroup.empty(), who, ": ranks_per_subgroup is empty; expected at least one list of ranks");
+  // Every rank checks every list before any group is made, so that all fail
+  // alike and no group number is taken.
+  std::map<int, size_t> list_of_rank;
+  for (size_t k = 0; k < ranks_per_subgroup.size(); ++k) {
+    for (const int rank : ranks_per_subgroup[k]) {
+      const auto [at, inserted] = list_of_rank.emplace(rank, k);
+      DDP_CHECK(inserted || at->second == k, who, ": rank ", rank, " appears in both subgroup ", at->second, " (",
+                c10::Join(", ", ranks_per_subgroup[at->second]), ") and subgroup ", k, " (",
+                c10::Join(", ", ranks_per_subgroup[k]), "); expected each rank in one subgroup at most");
+    }
+  }
+  Subgroups result;
+  const int me = context.group->rank();
+  for (const auto& ranks : ranks_per_subgroup) {
+    result.all.push_back(new_group(ranks, options));
+    if (std::find(ranks.begin(), ranks.end(), me) != ranks.end()) {
+      result.mine = result.all.back();
+    }
+  }
+  return result;
+}
+
 bool is_member(const std::shared_ptr<ProcessGroup>& group) {
   return group != nullptr && group->rank() >= 0;
 }

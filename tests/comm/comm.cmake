@@ -38,7 +38,7 @@ add_executable(subgroups_main comm/subgroups_main.cpp)
 target_link_libraries(subgroups_main PRIVATE ddp torch GTest::gtest Threads::Threads) # gtest: the PCH's flags
 target_include_directories(subgroups_main PRIVATE ${PROJECT_SOURCE_DIR}/tests)
 ddp_use_test_pch(subgroups_main)
-ddp_add_launched_test(subgroups_4_ranks NPROC 4 COMMAND subgroups_main CASES 9 TIMEOUT 180)
+ddp_add_launched_test(subgroups_4_ranks NPROC 4 COMMAND subgroups_main CASES 10 TIMEOUT 180)
 # The replica groups against PyTorch's DDP over torch.distributed.new_group.
 # (The same cache entry as tests/nn/nn.cmake's, which is included later.)
 set(DDP_TEST_PYTHON "/usr/bin/python3" CACHE FILEPATH
@@ -61,16 +61,16 @@ add_executable(objects_main comm/objects_main.cpp)
 target_link_libraries(objects_main PRIVATE ddp torch GTest::gtest Threads::Threads) # gtest: the PCH's flags
 target_include_directories(objects_main PRIVATE ${PROJECT_SOURCE_DIR}/tests ${PROJECT_SOURCE_DIR}/src)
 ddp_use_test_pch(objects_main)
-ddp_add_launched_test(objects_2_ranks NPROC 2 COMMAND objects_main CASES 10 TIMEOUT 120)
-ddp_add_launched_test(objects_3_ranks NPROC 3 COMMAND objects_main CASES 10 TIMEOUT 120)
+ddp_add_launched_test(objects_2_ranks NPROC 2 COMMAND objects_main CASES 11 TIMEOUT 120)
+ddp_add_launched_test(objects_3_ranks NPROC 3 COMMAND objects_main CASES 11 TIMEOUT 120)
 ddp_add_alone_test(objects_alone COMMAND objects_main CASES 6 TIMEOUT 60)
 ddp_add_output_test(objects_pytorch_parity EXIT 0 REGEX "^objects_pytorch_parity: 5 of 5 checks passed$"
   TIMEOUT 240 LABELS integration
   COMMAND ${DDP_TEST_PYTHON} ${CMAKE_CURRENT_LIST_DIR}/pytorch_objects_parity.py
     --ddprun $<TARGET_FILE:ddprun> --ours $<TARGET_FILE:objects_main> --python ${DDP_TEST_PYTHON})
 if(DDP_HAVE_MPI)
-  ddp_add_mpi_test(objects_mpi_2_ranks NP 2 COMMAND objects_main CASES 10 TIMEOUT 120)
-  ddp_add_mpi_test(objects_mpi_3_ranks NP 3 COMMAND objects_main CASES 10 TIMEOUT 120)
+  ddp_add_mpi_test(objects_mpi_2_ranks NP 2 COMMAND objects_main CASES 11 TIMEOUT 120)
+  ddp_add_mpi_test(objects_mpi_3_ranks NP 3 COMMAND objects_main CASES 11 TIMEOUT 120)
 endif()
 
 # Start-up exit sweep: one rank stops at each point of init_process_group

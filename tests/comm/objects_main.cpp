@@ -187,6 +187,42 @@ void damaged_frames(Report& report) {
   report.end_case();
 }
 
+// send_object_list / recv_object_list between rank 0 and the last rank,
+// both ways, then a receiver whose list is one too short.
+void object_p2p(Report& report, int rank, int world) {
+  report.begin_case("send_object_list / recv_object_list, and a list of the wrong length");
+  const int last = world - 1;
+  const std::vector<c10::IValue> sent = {object_of(0), std::string("to the last rank"), c10::IValue()};
+  if (rank == 0) {
+    ddp::send_object_list(sent, last);
+    std::vector<std::string> back(2);
+    report.expect(ddp::recv_bytes_list(back, last) == last, "recv_bytes_list did not return its src");
+    report.expect(back == std::vector<std::string>{bytes_of(last), std::string()}, "recv_bytes_list differs");
+    ddp::send_object_list({c10::IValue(int64_t{1}), c10::IValue(int64_t{2})}, last);
+  } else if (rank == last) {
+    std::vector<c10::IValue> received(3);
+    report.expect(ddp::recv_object_list(received, 0) == 0, "recv_object_list did not return its src");
+    std::string why;
+    report.expect(is_object_of(received[0], 0, why), "recv_object_list's object 0: " + why);
+    report.expect(received[1].isString() && received[1].toStringRef() == "to the last rank" && received[2].isNone(),
+                  "recv_object_list's objects 1 and 2 differ");
+    ddp::send_bytes_list({bytes_of(last), std::string()}, 0);
+    std::vector<c10::IValue> short_list(1);
+    expect_error(report, [&] { ddp::recv_object_list(short_list, 0); },
+                 "recv_object_list: rank 0 sent 2 objects, but object_list has 1 elements");
+  }
+  expect_error(report, [&] { ddp::send_object_list({c10::IValue()}, rank); },
+               "send_object_list: dst " + std::to_string(rank) + " is this rank itself");
+  std::vector<c10::IValue> one(1);
+  expect_error(report, [&] { ddp::recv_object_list(one, world + 2); },
+               "recv_object_list: src rank " + std::to_string(world + 2) + " is not a rank of the group");
+  // The pair stayed in step: the default group still exchanges.
+  auto token = torch::ones({1});
+  ddp::default_process_group()->allreduce(token)->wait();
+  report.expect(token.item<float>() == world, "the group is not usable after the errors");
+  report.end_case();
+}
+
 void batch_p2p(Report& report, int rank, int world) {
   report.begin_case("batch_isend_irecv: a two-way ring, posted in different orders");
   const int right = (rank + 1) % world;
@@ -289,6 +325,16 @@ void dump(const std::string& prefix, int rank, int world) {
   }
   ddp::scatter_object_list(scattered, inputs, 0);
   out.insert("scatter_object_list", scattered[0]);
+  // send_object_list / recv_object_list: rank 0 to the last rank, which
+  // keeps the objects and the sender that recv_object_list returned.
+  std::vector<c10::IValue> p2p;
+  if (rank == 0) {
+    ddp::send_object_list({object_of(0), std::string("to the last rank"), c10::IValue()}, world - 1);
+  } else if (rank == world - 1) {
+    p2p.resize(3);
+    p2p.push_back(static_cast<int64_t>(ddp::recv_object_list(p2p, 0)));
+  }
+  out.insert("send_object_list", list_of(p2p));
   // all_to_all_single with the collective sweep's uneven splits (count 3).
   ddp::AlltoallOptions splits;
   std::vector<at::Tensor> blocks;
@@ -339,6 +385,7 @@ int main(int argc, char** argv) {
     damaged_frames(report);
     if (world > 1) {
       batch_p2p(report, rank, world);
+      object_p2p(report, rank, world);
     }
     const int status = report.finish();
     ddp::destroy_process_group();

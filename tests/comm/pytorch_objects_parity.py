@@ -1,4 +1,5 @@
-"""Parity of the object collectives, uneven all-to-all and batch_isend_irecv
+"""Parity of the object collectives (send_object_list/recv_object_list too),
+uneven all-to-all and batch_isend_irecv
 with PyTorch's own (Gloo, on the CPU): the same calls with the same objects
 and tensors on 2 and 3 ranks, in objects_main --dump (ddp) and in this
 file's reference role (PyTorch), each rank pickling what it received; the
@@ -55,6 +56,15 @@ def reference(prefix):
     scattered = [None]
     dist.scatter_object_list(scattered, [object_of(r) for r in range(world)] if rank == 0 else None, src=0)
     out["scatter_object_list"] = scattered[0]
+    p2p = []
+    if not hasattr(dist, "send_object_list"):  # PyTorch 1.13
+        p2p = None
+    elif rank == 0:
+        dist.send_object_list([object_of(0), "to the last rank", None], dst=world - 1)
+    elif rank == world - 1:
+        p2p = [None] * 3
+        p2p.append(dist.recv_object_list(p2p, src=0))
+    out["send_object_list"] = p2p
     in_splits = [(rank + 2 * r) % 3 + 3 for r in range(world)]
     out_splits = [(r + 2 * rank) % 3 + 3 for r in range(world)]
     blocks = [(torch.arange(rows * 2, dtype=torch.double) + (rank * 1e9 + r * 1e7)).view(rows, 2)
@@ -114,7 +124,8 @@ def load(path):
 
 def driver(args, script=None, name="objects_pytorch_parity", worlds=(2, 3),
            what="all_gather_object, broadcast_object_list, gather_object, scatter_object_list, "
-                "all_to_all_single (uneven), batch_isend_irecv", prepare=None):
+                "send_object_list/recv_object_list, all_to_all_single (uneven), batch_isend_irecv",
+           prepare=None):
     """Runs `args.ours --dump` and `script --reference` under ddprun for each
     world size and compares every rank's pickles (after `prepare(ours,
     theirs)`, when given); shared with
@@ -168,7 +179,13 @@ def main():
     if args.reference:
         reference(args.reference)
         return 0
-    return driver(args)
+
+    def prepare(ours, theirs):
+        if theirs.get("send_object_list", 0) is None:
+            del ours["send_object_list"], theirs["send_object_list"]
+            print("This PyTorch (1.13) has no send_object_list/recv_object_list: compared with PyTorch 2.x only")
+
+    return driver(args, prepare=prepare)
 
 
 if __name__ == "__main__":

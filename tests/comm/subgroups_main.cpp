@@ -203,6 +203,12 @@ void partitions(Report& report) {
                   "new_subgroups: mine is not this rank's group");
     const std::vector<std::vector<int>> strided = {{0, 2}, {1, 3}};
     collectives_on(report, "{0, 2}, {1, 3} (new_group)", strided, make_groups(strided));
+    // By enumeration, one list leaving ranks out: rank 3 belongs to none.
+    const auto listed = ddp::new_subgroups_by_enumeration({{2, 0}, {1}}); // any order in a list
+    collectives_on(report, "{0, 2}, {1} (new_subgroups_by_enumeration)", {{0, 2}, {1}}, listed.all);
+    const int me = ddp::default_process_group()->rank();
+    report.expect(listed.mine == (me == 3 ? nullptr : listed.all[me % 2 == 0 ? 0 : 1]),
+                  "new_subgroups_by_enumeration: mine is not this rank's group");
     // Ranks 1 and 2 belong to both: each runs them in the same order.
     const std::vector<std::vector<int>> overlapping = {{0, 1, 2}, {1, 2, 3}};
     collectives_on(report, "overlapping {0, 1, 2}, {1, 2, 3}", overlapping,
@@ -229,6 +235,12 @@ void bad_arguments(Report& report) {
                             "rank 0 appears more than once (got ranks 0, 0)", "duplicate", true);
   expect_throws<c10::Error>(report, [world] { ddp::new_subgroups(world + 1); },
                             "must be positive and divide the world size", "new_subgroups");
+  expect_throws<c10::Error>(report, [] { ddp::new_subgroups_by_enumeration({}); },
+                            "new_subgroups_by_enumeration: ranks_per_subgroup is empty", "empty enumeration");
+  expect_throws<c10::Error>(report, [world] { ddp::new_subgroups_by_enumeration({{0}, {world - 1, 0}}); },
+                            "rank 0 appears in both subgroup 0 (0) and subgroup 1 (" + std::to_string(world - 1) +
+                                ", 0)",
+                            "overlapping enumeration");
   expect_throws<c10::Error>(report, [] { ddp::new_group({0}, ddp::NewGroupOptions().timeout(
                                                               std::chrono::milliseconds(0))); },
                             "timeout must be positive", "zero timeout");

@@ -1,7 +1,8 @@
 #pragma once
 
 /// Object collectives, PyTorch's `broadcast_object_list`,
-/// `all_gather_object`, `gather_object` and `scatter_object_list`: send
+/// `all_gather_object`, `gather_object` and `scatter_object_list`, and
+/// its point-to-point `send_object_list` and `recv_object_list`: send
 /// what a C++ program has to send (a config, a metrics dict, a vocabulary)
 /// to every rank. Objects are `c10::IValue`s (tensors, strings, numbers,
 /// lists, dicts, tuples, in any nesting), serialized with
@@ -47,7 +48,21 @@ void gather_object(const c10::IValue& object, std::vector<c10::IValue>* gathered
 void scatter_object_list(std::vector<c10::IValue>& output, const std::vector<c10::IValue>& inputs,
                          int src = 0, const std::shared_ptr<ProcessGroup>& group = nullptr);
 
-/// Raw bytes: the same four, for byte strings the program encodes itself.
+/// Sends `objects` to global rank `dst`, which receives them with
+/// `recv_object_list` (PyTorch's `send_object_list`). Blocks until they are
+/// sent; throws `c10::Error` when `dst` is this rank or not in the group.
+void send_object_list(const std::vector<c10::IValue>& objects, int dst,
+                      const std::shared_ptr<ProcessGroup>& group = nullptr);
+
+/// Replaces `objects` with the list that global rank `src` sends with
+/// `send_object_list` (PyTorch's `recv_object_list`, with a source always
+/// given); returns `src`, as PyTorch returns the sender. `objects` must have
+/// the sent list's length: when it has not, every message is still taken
+/// (the pair stays in step) and `c10::Error` says both lengths.
+int recv_object_list(std::vector<c10::IValue>& objects, int src,
+                     const std::shared_ptr<ProcessGroup>& group = nullptr);
+
+/// Raw bytes: the same, for byte strings the program encodes itself.
 void broadcast_bytes_list(std::vector<std::string>& objects, int src = 0,
                           const std::shared_ptr<ProcessGroup>& group = nullptr);
 void all_gather_bytes(std::vector<std::string>& objects, const std::string& object,
@@ -56,5 +71,8 @@ void gather_bytes(const std::string& object, std::vector<std::string>* gathered,
                   const std::shared_ptr<ProcessGroup>& group = nullptr);
 void scatter_bytes_list(std::vector<std::string>& output, const std::vector<std::string>& inputs, int src = 0,
                         const std::shared_ptr<ProcessGroup>& group = nullptr);
+void send_bytes_list(const std::vector<std::string>& objects, int dst,
+                     const std::shared_ptr<ProcessGroup>& group = nullptr);
+int recv_bytes_list(std::vector<std::string>& objects, int src, const std::shared_ptr<ProcessGroup>& group = nullptr);
 
 } // namespace ddp

@@ -83,6 +83,20 @@ int64_t largest(const std::vector<int64_t>& sizes) {
 template <typename T>
 using Decode = std::function<T(const uint8_t*, size_t, const std::string& who, const std::string& from)>;
 
+// Decodes `objects` from `buffer`, which holds their frames back to back
+// (`sizes` bytes each), all sent by global rank `src`.
+template <typename T>
+void unpack_frames(const at::Tensor& buffer, const std::vector<int64_t>& sizes, std::vector<T>& objects,
+                   const Place& place, int src, const Decode<T>& decode) {
+  const auto host = buffer.cpu();
+  int64_t at = 0;
+  for (size_t i = 0; i < objects.size(); ++i) {
+    objects[i] = decode(host.data_ptr<uint8_t>() + at, static_cast<size_t>(sizes[i]), place.who,
+                        c10::str("rank ", src, " (object ", i, ")"));
+    at += sizes[i];
+  }
+}
+
 template <typename T>
 void broadcast_frames(std::vector<T>& objects, int src, const std::shared_ptr<ProcessGroup>& group,
                       const std::function<std::string(const T&)>& encode, const Decode<T>& decode) {
@@ -110,13 +124,7 @@ void broadcast_frames(std::vector<T>& objects, int src, const std::shared_ptr<Pr
   if (mine) {
     return;
   }
-  const auto host = buffer.cpu();
-  int64_t at = 0;
-  for (size_t i = 0; i < objects.size(); ++i) {
-    objects[i] = decode(host.data_ptr<uint8_t>() + at, static_cast<size_t>(sizes[i]), place.who,
-                        c10::str("rank ", src, " (object ", i, ")"));
-    at += sizes[i];
-  }
+  unpack_frames(buffer, sizes, objects, place, src, decode);
 }
 
 template <typename T>
@@ -218,6 +226,66 @@ void scatter_frames(std::vector<T>& output, const std::vector<T>& inputs, int sr
                      place.who, c10::str("rank ", src));
 }
 
+// send_object_list / recv_object_list: PyTorch sends the sizes, then the
+// objects back to back; ddp sends their count first, so that a receiver
+// whose list has another length takes every message of the sender anyway
+// (the pair stays in step) and then fails, saying both lengths.
+template <typename T>
+void send_frames(const std::vector<T>& objects, int dst, const std::shared_ptr<ProcessGroup>& group,
+                 const std::function<std::string(const T&)>& encode) {
+  const Place place = place_for(group, "send_object_list");
+  const int peer = rank_in(place, dst, "dst");
+  DDP_CHECK(peer != place.group->rank(), place.who, ": dst ", dst,
+            " is this rank itself; expected another rank to send to");
+  std::vector<std::string> frames;
+  std::vector<int64_t> sizes;
+  for (const auto& object : objects) {
+    frames.push_back(encode(object));
+    sizes.push_back(static_cast<int64_t>(frames.back().size()));
+  }
+  place.group->send(to_tensor(place, {static_cast<int64_t>(objects.size())}), peer)->wait();
+  if (!objects.empty()) {
+    place.group->send(to_tensor(place, sizes), peer)->wait();
+    place.group->send(pack(place, frames, 0), peer)->wait();
+  }
+}
+
+template <typename T>
+int recv_frames(std::vector<T>& objects, int src, const std::shared_ptr<ProcessGroup>& group,
+                const Decode<T>& decode) {
+  const Place place = place_for(group, "recv_object_list");
+  const int peer = rank_in(place, src, "src");
+  DDP_CHECK(peer != place.group->rank(), place.who, ": src ", src,
+            " is this rank itself; expected another rank to receive from");
+  auto count_tensor = at::empty({1}, place.longs);
+  place.group->recv(count_tensor, peer)->wait();
+  const int64_t count = to_values(count_tensor)[0];
+  DDP_CHECK(count >= 0 && count <= (int64_t{1} << 32), place.who, ": rank ", src,
+            " announced ", count, " objects; expected ", objects.size());
+  std::vector<int64_t> sizes;
+  at::Tensor buffer;
+  if (count > 0) {
+    auto sizes_tensor = at::empty({count}, place.longs);
+    place.group->recv(sizes_tensor, peer)->wait();
+    sizes = to_values(sizes_tensor);
+    int64_t total = 0;
+    for (const int64_t size : sizes) {
+      DDP_CHECK(size >= 0, place.who, ": rank ", src, " announced an object of ", size, " bytes");
+      total += size;
+    }
+    buffer = at::empty({total}, place.bytes);
+    place.group->recv(buffer, peer)->wait();
+  }
+  DDP_CHECK(count == static_cast<int64_t>(objects.size()), place.who, ": rank ", src, " sent ", count,
+            " objects, but object_list has ", objects.size(),
+            " elements; expected them equal (the receiver's list must have the sender's length)");
+  if (count == 0) {
+    return src;
+  }
+  unpack_frames(buffer, sizes, objects, place, src, decode);
+  return src;
+}
+
 std::string encode_value(const c10::IValue& value) {
   return internal::encode_ivalue(value);
 }
@@ -274,6 +342,22 @@ void gather_bytes(const std::string& object, std::vector<std::string>* gathered,
 void scatter_bytes_list(std::vector<std::string>& output, const std::vector<std::string>& inputs, int src,
                         const std::shared_ptr<ProcessGroup>& group) {
   scatter_frames<std::string>(output, inputs, src, group, encode_bytes, kDecodeBytes);
+}
+
+void send_object_list(const std::vector<c10::IValue>& objects, int dst, const std::shared_ptr<ProcessGroup>& group) {
+  send_frames<c10::IValue>(objects, dst, group, encode_value);
+}
+
+int recv_object_list(std::vector<c10::IValue>& objects, int src, const std::shared_ptr<ProcessGroup>& group) {
+  return recv_frames<c10::IValue>(objects, src, group, kDecodeValue);
+}
+
+void send_bytes_list(const std::vector<std::string>& objects, int dst, const std::shared_ptr<ProcessGroup>& group) {
+  send_frames<std::string>(objects, dst, group, encode_bytes);
+}
+
+int recv_bytes_list(std::vector<std::string>& objects, int src, const std::shared_ptr<ProcessGroup>& group) {
+  return recv_frames<std::string>(objects, src, group, kDecodeBytes);
 }
 
 } // namespace ddp

@@ -124,7 +124,7 @@ ddp_use_test_pch(mpi_cuda_main)
 # The programs are defined in tests/nn/nn.cmake and examples/.
 ddp_add_mpi_test(ddp_parity_mpi_2_ranks NP 2 COMMAND ddp_parity_main CASES 28 TIMEOUT 120)
 # Subgroups as communicators of MPI_COMM_WORLD (tests/comm/comm.cmake).
-ddp_add_mpi_test(subgroups_mpi_4_ranks NP 4 COMMAND subgroups_main CASES 9 TIMEOUT 180)
+ddp_add_mpi_test(subgroups_mpi_4_ranks NP 4 COMMAND subgroups_main CASES 10 TIMEOUT 180)
 ddp_add_mpi_test(ddp_parity_mpi_3_ranks NP 3 COMMAND ddp_parity_main CASES 28 TIMEOUT 180)
 # Every bucket in shared memory (Note [Shared buffers]), however small:
 # the same parity, and the program checks that the buckets are shared.
