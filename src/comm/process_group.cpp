@@ -88,6 +88,24 @@ std::shared_ptr<Work> ProcessGroup::alltoall(const std::vector<at::Tensor>& outp
   });
 }
 
+std::shared_ptr<Work> ProcessGroup::reduce_scatter_tensor(const at::Tensor& output, const at::Tensor& input,
+                                                          const ReduceScatterOptions& options) {
+  const std::string who = rank_prefix() + " reduce_scatter_tensor";
+  DDP_CHECK(output.defined() && input.defined(), who, ": ", output.defined() ? "input" : "output",
+            " is an undefined tensor");
+  DDP_CHECK(output.layout() == at::kStrided && input.layout() == at::kStrided, who,
+            ": output and input must be dense (strided) tensors");
+  DDP_CHECK(input.numel() == output.numel() * size(), who, ": input has ", input.numel(),
+            " elements, expected world size x output elements = ", size(), " x ", output.numel(), " = ",
+            output.numel() * size());
+  const at::Tensor flat = input.reshape({-1});
+  std::vector<at::Tensor> chunks;
+  for (int r = 0; r < size(); ++r) {
+    chunks.push_back(flat.narrow(0, r * output.numel(), output.numel()));
+  }
+  return reduce_scatter(output, chunks, options);
+}
+
 std::vector<std::shared_ptr<Work>> ProcessGroup::batch_point_to_point(const std::vector<PointToPointOp>& ops,
                                                                       std::chrono::milliseconds timeout) {
   DDP_CHECK(!ops.empty(), rank_prefix(), " batch_isend_irecv: no ops given; expected at least one send or recv");

@@ -207,6 +207,18 @@ void reduce_scatter_and_alltoall(ProcessGroup& pg, int64_t count) {
   pg.reduce_scatter(chunks[rank], chunks)->wait();
   ASSERT_TRUE(torch::equal(chunks[rank], torch::full({count}, (rank + 1.0f) * world * (world + 1) / 2)));
 
+  // reduce_scatter_tensor: the same chunks, stacked as one [world, count]
+  // tensor; and AVG.
+  auto stacked = torch::empty({world, count});
+  for (int r = 0; r < world; ++r) {
+    stacked[r].fill_(1.0f * (r + 1) * (rank + 1));
+  }
+  auto from_stack = torch::empty({count});
+  pg.reduce_scatter_tensor(from_stack, stacked)->wait();
+  ASSERT_TRUE(torch::equal(from_stack, torch::full({count}, (rank + 1.0f) * world * (world + 1) / 2)));
+  pg.reduce_scatter_tensor(from_stack, stacked, {ReduceOp::kAvg})->wait();
+  ASSERT_TRUE(torch::allclose(from_stack, torch::full({count}, (rank + 1.0f) * (world + 1) / 2)));
+
   // Half with MAX: a user-defined reduction for MPI. rank q holds q at every
   // element of chunk r, so the maximum is W - 1 everywhere.
   std::vector<at::Tensor> half_inputs;
@@ -655,6 +667,10 @@ void check_bad_arguments_are_clear_errors(ProcessGroup& pg) {
                                              std::vector<at::Tensor>(world, torch::ones({1}))); },
                      "reduce_scatter: output has 2 elements (sizes [2]), expected 1 like inputs[" +
                          std::to_string(rank) + "]");
+  expect_check_error([&] { pg.reduce_scatter_tensor(torch::ones({2}), torch::ones({2 * world + 1})); },
+                     "reduce_scatter_tensor: input has " + std::to_string(2 * world + 1) +
+                         " elements, expected world size x output elements = " + w + " x 2 = " +
+                         std::to_string(2 * world));
   expect_check_error([&] { pg.allreduce(torch::ones({3}, torch::kInt), {ReduceOp::kAvg}); },
                      "AVG is not defined for dtype Int");
   expect_check_error([&] { pg.allreduce(torch::ones({3}), {ReduceOp::kBxor}); },

@@ -186,6 +186,16 @@ class ProcessGroup {
       const std::vector<at::Tensor>& inputs,
       const ReduceScatterOptions& options = {}) = 0;
 
+  /// PyTorch's `reduce_scatter_tensor`: `input` holds size() equal chunks
+  /// one after the other (`input.numel()` is size() x `output.numel()`, of
+  /// any shape: [size() * n, ...] or [size(), ...]), and `output` becomes
+  /// chunk r's reduction on rank r. `reduce_scatter` of the chunks, as
+  /// views when `input` is contiguous.
+  std::shared_ptr<Work> reduce_scatter_tensor(
+      const at::Tensor& output,
+      const at::Tensor& input,
+      const ReduceScatterOptions& options = {});
+
   /// Splits `input` along its first dimension into size() equal chunks, sends
   /// chunk r to rank r, and writes the chunk from rank r into chunk r of
   /// `output` (PyTorch's `all_to_all_single`). With
