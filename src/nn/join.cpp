@@ -13,6 +13,13 @@
 // communication hook, and its last parameter usage; see
 // Reducer::shadow_backward). When no rank trains, the parameters and buffers
 // of the rank that trained the most steps are broadcast to all.
+//
+// JoinOptions: with divide_by_initial_world_size(false), the step vector's
+// count of ranks still training becomes the built-in allreduce's divisor for
+// that step (Reducer::set_divisor); with throw_on_early_termination, a step
+// vector that shows a finished rank makes every rank throw at that same
+// allreduce, so that no collective is left half-issued and the group stays
+// usable.
 
 #include <ddp/comm/error.h>
 #include <ddp/nn/join.h>
@@ -20,6 +27,8 @@
 #include <ATen/ATen.h>
 
 #include <exception>
+#include <string>
+#include <vector>
 
 #include "comm/collective_label.h"
 #include "internal/check.h"
@@ -32,10 +41,16 @@ namespace ddp {
 
 namespace {
 
+// "[rank 1/4] ddp::Join: ", the start of Join's messages.
+std::string who_of(const ProcessGroup& group) {
+  return c10::str("[rank ", group.rank(), "/", group.size(), "] ddp::Join: ");
+}
+
 // What the ranks still training do in one step, from the join allreduce.
 struct JoinStep {
   int training = 0;            // ranks still training
   int authoritative_rank = -1; // the highest of them
+  std::vector<int> finished;   // the others
   bool sync_gradients = false;
   bool sync_buffers = false;
 };
@@ -62,10 +77,12 @@ JoinStep agree_on_step(ProcessGroup& group, c10::Device device, bool training,
     if (sums[2 + r] > 0) {
       ++step.training;
       step.authoritative_rank = r;
+    } else {
+      step.finished.push_back(r);
     }
   }
   // Every rank sees the same sums, so every rank raises together.
-  const auto who = c10::str("[rank ", group.rank(), "/", size, "] ddp::Join: ");
+  const auto who = who_of(group);
   DDP_CHECK(sums[0] == 0 || sums[0] == step.training, who, sums[0], " of the ", step.training,
             " ranks still training reduce gradients in this step, expected all or none: the "
             "ranks still training must use no_sync() and gradient mode in the same steps");
@@ -79,8 +96,11 @@ JoinStep agree_on_step(ProcessGroup& group, c10::Device device, bool training,
 
 } // namespace
 
-Join::Join(DistributedDataParallel& model)
-    : model_(model), uncaught_at_start_(std::uncaught_exceptions()) {
+Join::Join(DistributedDataParallel& model, const JoinOptions& options)
+    : model_(model), options_(options), uncaught_at_start_(std::uncaught_exceptions()) {
+  if (!options_.enable()) {
+    return;
+  }
   DDP_CHECK(model_->state_->join == nullptr,
             "ddp::Join: this DistributedDataParallel already has a live Join");
   DDP_CHECK(!model_->state_->reducer->has_bucket_consumer(),
@@ -91,10 +111,11 @@ Join::Join(DistributedDataParallel& model)
 }
 
 Join::~Join() noexcept {
-  if (finished_) {
+  if (finished_ || !options_.enable()) {
     return;
   }
   model_->state_->join = nullptr;
+  model_->state_->reducer->set_divisor(0);
   if (std::uncaught_exceptions() > uncaught_at_start_) {
     return; // unwinding from an error: taking part now could only deadlock
   }
@@ -108,6 +129,11 @@ Join::~Join() noexcept {
 int Join::on_forward(bool will_sync_gradients, bool will_sync_buffers) {
   const JoinStep step = agree_on_step(*model_->state_->group, model_->device(), /*training=*/true,
                                       will_sync_gradients, will_sync_buffers);
+  DDP_CHECK(!options_.throw_on_early_termination() || step.finished.empty(), who_of(*model_->state_->group),
+            "detected that rank(s) ", c10::Join(", ", step.finished),
+            " exhausted their inputs after this rank's ", steps_trained_,
+            " steps; with throw_on_early_termination every rank throws (the ranks' inputs are uneven)");
+  model_->state_->reducer->set_divisor(options_.divide_by_initial_world_size() ? 0 : step.training);
   ++steps_trained_;
   return step.authoritative_rank;
 }
@@ -115,8 +141,12 @@ int Join::on_forward(bool will_sync_gradients, bool will_sync_buffers) {
 int64_t Join::finish() {
   DDP_CHECK(!finished_, "ddp::Join: finish() was already called");
   finished_ = true;
+  if (!options_.enable()) {
+    return 0;
+  }
   model_->state_->join = nullptr;
   auto& impl = *model_;
+  impl.state_->reducer->set_divisor(0);
   ProcessGroup& group = *impl.state_->group;
   int64_t shadowed = 0;
   for (;;) {
@@ -124,6 +154,10 @@ int64_t Join::finish() {
     if (step.training == 0) {
       break;
     }
+    DDP_CHECK(!options_.throw_on_early_termination(), who_of(group), "this rank exhausted its inputs after ",
+              steps_trained_, " steps while ", step.training,
+              " rank(s) still train; with throw_on_early_termination every rank throws (the ranks' "
+              "inputs are uneven)");
     // The same collectives as a training rank's forward and backward.
     impl.state_->reducer->prepare_for_forward();
     if (step.sync_buffers) {

@@ -532,7 +532,7 @@ void Reducer::mark_variable_ready(size_t index) {
       view.zero_();
     } else if (config_.gradient_as_bucket_view && !release && grad.is_alias_of(view)) {
       if (divides_on_copy()) {
-        view.div_(group_->size());
+        view.div_(divisor());
       }
     } else if (takes_in_place(bucket, index, grad)) {
       bucket.in_place[locator.intra_bucket_index] = grad; // Note [Gradients in place]
@@ -557,6 +557,16 @@ bool Reducer::divides_on_copy() const {
   return builtin_hook_ && group_->size() > 1;
 }
 
+void Reducer::set_divisor(int ranks) {
+  DDP_INTERNAL_ASSERT(ranks >= 0 && ranks <= group_->size(), "divisor ", ranks);
+  std::lock_guard<std::mutex> lock(mutex_);
+  divisor_ = ranks;
+}
+
+double Reducer::divisor() const {
+  return static_cast<double>(divisor_ > 0 ? divisor_ : group_->size());
+}
+
 void Reducer::copy_into_view(const at::Tensor& grad, at::Tensor& view) {
   if (!divides_on_copy()) {
     view.copy_(grad);
@@ -564,7 +574,7 @@ void Reducer::copy_into_view(const at::Tensor& grad, at::Tensor& view) {
   }
   // See Note [Built-in allreduce]. A scalar wrapped as PyTorch wraps Python
   // numbers, so that the product keeps the gradient's dtype.
-  const auto scale = at::native::wrapped_scalar_tensor(1.0 / static_cast<double>(group_->size()));
+  const auto scale = at::native::wrapped_scalar_tensor(1.0 / divisor());
   if (grad.requires_grad()) {
     // create_graph=true: an out= kernel refuses inputs that require grad.
     view.copy_(grad.mul(scale));
@@ -622,8 +632,12 @@ void Reducer::launch_bucket(size_t bucket_index, const at::Tensor& buffer) {
     auto gradients = gradients_in_place(bucket, buffer);
     work = group_->size() == 1 ? Work::completed({buffer})
         : gradients.empty()    ? group_->allreduce(buffer)
-                               : group_->reduce_gradients(buffer, std::move(gradients),
-                                                          1.0 / static_cast<double>(group_->size()));
+                               : group_->reduce_gradients(buffer, std::move(gradients), 1.0 / divisor());
+  } else if (builtin_hook_ && divisor_ > 0 && group_->size() > 1) {
+    // A sparse bucket under Join with divide_by_initial_world_size(false):
+    // the default hook's division, by the ranks still training.
+    buffer.div_(divisor());
+    work = group_->allreduce(buffer);
   } else {
     work = comm_hook_(*group_, grad_bucket);
   }

@@ -79,6 +79,12 @@ class Reducer {
   bool require_sync() const;
   void set_require_sync(bool value);
 
+  // The number of ranks whose gradients the built-in allreduce averages
+  // over: 0 (the default) means the world size; ddp::Join with
+  // divide_by_initial_world_size(false) sets the number of ranks still
+  // training before each step. Communication hooks divide by themselves.
+  void set_divisor(int ranks);
+
   void set_comm_hook(CommHook hook);
 
   // The reducer's one extension point for what consumes each bucket as
@@ -185,6 +191,8 @@ class Reducer {
   // Whether dense gradients are divided by the world size as they are
   // copied into their bucket (Note [Built-in allreduce]).
   bool divides_on_copy() const;
+  // What the built-in allreduce divides by: set_divisor's, or the world size.
+  double divisor() const;
   // Copies `grad` into its bucket view, dividing on the way when
   // divides_on_copy().
   void copy_into_view(const at::Tensor& grad, at::Tensor& view);
@@ -244,6 +252,7 @@ class Reducer {
                                           // a synchronised step, that step's sums over ranks
   std::shared_ptr<Work> usage_work_;
   bool shadowing_ = false;
+  int divisor_ = 0; // set_divisor's; 0: the world size
 
   // static_graph (Note [Delayed reduction]); all guarded by mutex_.
   size_t hooks_seen_ = 0;                // this iteration, for the ready order

@@ -14,6 +14,10 @@
 //     Under ddp::Join, rank 0 runs a step under no_sync() and the others do
 //     not: the forward must fail on every rank, saying that the ranks still
 //     training disagree on reducing gradients.
+//   build/ddprun --nproc-per-node 2 build/tests/ddp_errors_main join-throw
+//     ddp::Join with throw_on_early_termination, rank 0 with one batch and
+//     the others with three: rank 0's finish() and the others' second
+//     forward must all throw, and the group must stay usable.
 //   build/ddprun --nproc-per-node 2 build/tests/ddp_errors_main static-graph-changed
 //     With static_graph, a layer unused in the first iteration is used in the
 //     second: that backward must fail naming the layer; then a layer used in
@@ -140,6 +144,52 @@ int join_disagree(ddp::ProcessGroup& group) {
   }
   std::printf("FAILED: ranks that disagree on no_sync() under Join were not reported\n");
   return 1;
+}
+
+// throw_on_early_termination: rank 0 has one batch, the others three. Rank
+// 0's finish() must throw saying it exhausted its inputs, every other rank's
+// second forward must throw naming rank 0, and the group must stay usable.
+int join_throw(ddp::ProcessGroup& group) {
+  auto net = ddp_test::make_closed_form_mlp();
+  ddp::DistributedDataParallel model(net);
+  const int batches = group.rank() == 0 ? 1 : 3;
+  int steps = 0;
+  std::string message;
+  try {
+    ddp::Join join(model, ddp::JoinOptions().throw_on_early_termination(true));
+    for (int step = 0; step < batches; ++step) {
+      auto [x, y] = ddp_test::rank_batch(step, group.rank(), group.size());
+      torch::mse_loss(model(x), y).backward();
+      ++steps;
+    }
+    join.finish();
+  } catch (const c10::Error& e) {
+    message = e.what();
+  }
+  if (message.empty() || steps != 1) {
+    std::printf("FAILED: throw_on_early_termination: %d steps, error '%s'; expected 1 step and an error\n", steps,
+                message.c_str());
+    return 1;
+  }
+  const std::string me = "[rank " + std::to_string(group.rank()) + "/" + std::to_string(group.size()) + "] ddp::Join: ";
+  int status = group.rank() == 0
+                   ? expect_message(message, {me + "this rank exhausted its inputs after 1 steps while " +
+                                                  std::to_string(group.size() - 1) + " rank(s) still train",
+                                              "throw_on_early_termination"})
+                   : expect_message(message, {me + "detected that rank(s) 0 exhausted their inputs after this "
+                                                   "rank's 1 steps",
+                                              "throw_on_early_termination"});
+  // Every rank threw at the same collective: the group still works, and so
+  // does the model (a synchronised step without Join).
+  auto token = torch::ones({1});
+  group.allreduce(token)->wait();
+  auto [x, y] = ddp_test::rank_batch(5, group.rank(), group.size());
+  torch::mse_loss(model(x), y).backward();
+  if (token.item<float>() != static_cast<float>(group.size())) {
+    std::printf("FAILED: the group is not usable after throw_on_early_termination\n");
+    status = 1;
+  }
+  return status;
 }
 
 // `extra` is used when the caller says so.
@@ -319,6 +369,8 @@ int main(int argc, char** argv) {
           ddp::DistributedDataParallelOptions().first_bucket_cap_mb(0.0001).bucket_cap_mb(0.0001));
     } else if (which == "join-disagree") {
       status = join_disagree(*group);
+    } else if (which == "join-throw") {
+      status = join_throw(*group);
     } else if (which == "static-graph-changed") {
       status = static_graph_changed(*group);
     } else if (which == "static-graph-changed-one-rank") {
@@ -327,7 +379,7 @@ int main(int argc, char** argv) {
       status = reused_parameter(*group);
     } else {
       std::fprintf(stderr,
-                   "usage: ddp_errors_main models-differ|unused-parameter|join-disagree|"
+                   "usage: ddp_errors_main models-differ|unused-parameter|join-disagree|join-throw|"
                    "static-graph-changed|static-graph-changed-one-rank|reused-parameter\n");
       return 2;
     }

@@ -109,6 +109,23 @@ TEST_F(DistributedDataParallelTest, WorldOfOneTrainsLikeThePlainModule) {
   EXPECT_EQ(model->max_parameter_difference_across_ranks(), 0);
 }
 
+// JoinOptions().enable(false): the Join does nothing, as PyTorch's
+// enable=False (no Join is registered, so another may be made).
+TEST_F(DistributedDataParallelTest, DisabledJoinDoesNothing) {
+  init_process_group();
+  auto net = ddp_test::make_closed_form_mlp();
+  DistributedDataParallel model(net);
+  Join disabled(model, JoinOptions().enable(false));
+  auto [x, y] = ddp_test::global_batch(0);
+  torch::mse_loss(model(x), y).backward();
+  EXPECT_EQ(disabled.finish(), 0);
+  Join enabled(model);
+  torch::mse_loss(model(x), y).backward();
+  EXPECT_EQ(enabled.finish(), 0); // alone: nobody to shadow
+  const auto message = error_of([&] { Join second(model); Join third(model); });
+  EXPECT_NE(message.find("already has a live Join"), std::string::npos) << message;
+}
+
 // ---- Sparse gradients: which groups can reduce them, asked at construction
 
 // A backend that declares no sparse allreduce, as NCCL and MPI

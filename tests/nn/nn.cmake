@@ -88,8 +88,9 @@ if(DDP_HAVE_MPI)
     ARGS ${CMAKE_CURRENT_BINARY_DIR} TIMEOUT 90)
 endif()
 # Errors on every rank, no hang: models that differ across ranks, a
-# parameter without a gradient when find_unused_parameters is off, and ranks
-# that disagree on no_sync() under Join (on 2 and 3 ranks).
+# parameter without a gradient when find_unused_parameters is off, ranks
+# that disagree on no_sync() under Join (on 2 and 3 ranks), and Join's
+# throw_on_early_termination.
 ddp_add_nn_program(ddp_errors_main nn/ddp_errors_main.cpp)
 ddp_add_launched_test(ddp_error_models_differ NPROC 2 COMMAND ddp_errors_main
   ARGS models-differ TIMEOUT 60)
@@ -99,6 +100,8 @@ ddp_add_launched_test(ddp_error_join_disagree_2_ranks NPROC 2 COMMAND ddp_errors
   ARGS join-disagree TIMEOUT 60)
 ddp_add_launched_test(ddp_error_join_disagree_3_ranks NPROC 3 COMMAND ddp_errors_main
   ARGS join-disagree TIMEOUT 60)
+ddp_add_launched_test(ddp_error_join_throw_3_ranks NPROC 3 COMMAND ddp_errors_main
+  ARGS join-throw TIMEOUT 60)
 # static_graph: a graph that changes after the first iteration (a layer
 # that starts or stops being used) fails on every rank, on 2 and 3 ranks;
 # when it changes on rank 0 only, the others fail within the group's

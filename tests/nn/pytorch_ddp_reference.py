@@ -322,10 +322,10 @@ def no_sync_buffers(path):
     finish(net, path, writer=world_size - 1)
 
 
-def train_uneven(net, model, forward):
+def train_uneven(net, model, forward, **join_kwargs):
     rank = dist.get_rank()
     optimizer = sgd(model)
-    with model.join():
+    with model.join(**join_kwargs):
         for step in range(batches_of(rank)):
             x, y = uneven_batch(step, rank)
             optimizer.zero_grad(set_to_none=True)
@@ -339,6 +339,15 @@ def join_buffers(path):
     start(net, path)
     model = nn.parallel.DistributedDataParallel(net)
     train_uneven(net, model, model)
+    finish(net, path)
+
+
+def join_divide_active(path):
+    """The MLP under join(divide_by_initial_world_size=False): rank r has 2 + r batches."""
+    net = make_mlp()
+    start(net, path)
+    model = nn.parallel.DistributedDataParallel(net)
+    train_uneven(net, model, model, divide_by_initial_world_size=False)
     finish(net, path)
 
 
@@ -788,6 +797,7 @@ def main():
     no_sync_buffers(prefix + ".no_sync_buffers.txt")
     join_buffers(prefix + ".join_buffers.txt")
     join_unused(prefix + ".join_unused.txt")
+    join_divide_active(prefix + ".join_divide_active.txt")
     refused(lambda: nn.Sequential(nn.ReLU()), prefix + ".no_parameters.txt")
     refused(frozen_mlp, prefix + ".frozen.txt")
     two_forwards(prefix + ".two_forwards.txt")

@@ -45,6 +45,7 @@ TRAINED = (
     "no_sync_buffers",  # BatchNorm statistics after no_sync: no broadcast after it
     "join_buffers",     # BatchNorm under Join: broadcast from the highest training rank
     "join_unused",      # Join: a joined rank's last usage map counts
+    "join_divide_active",  # Join, divide_by_initial_world_size=False: the mean over the ranks training
     "two_forwards",     # two forwards of a BatchNorm model before one backward
     "embedding",        # sparse gradients: an Embedding(sparse=True), Gloo's sparse allreduce
     "embedding_bag",    # sparse gradients: an EmbeddingBag(sparse=True)

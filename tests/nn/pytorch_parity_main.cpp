@@ -18,7 +18,7 @@
 // reference's order: mlp, powersgd_rank1, powersgd_rank2,
 // powersgd_same_shape, batched_powersgd, post_local_sgd,
 // post_local_sgd_optimizer, branch,
-// unused_output, no_sync_buffers, join_buffers, join_unused, no_parameters,
+// unused_output, no_sync_buffers, join_buffers, join_unused, join_divide_active, no_parameters,
 // frozen, two_forwards, embedding, embedding_bag, sync_batch_norm,
 // sync_batch_norm_uneven, static_twice, static_unused, static_join,
 // zero_adam, zero_sgd_groups, complex_params.
@@ -247,9 +247,10 @@ bool no_sync_buffers(const std::string& path) {
 
 // Trains `model` under ddp::Join on this rank's uneven batches.
 void train_uneven(torch::nn::Module& net, ddp::DistributedDataParallel& model,
-                  const std::function<torch::Tensor(const torch::Tensor&)>& forward) {
+                  const std::function<torch::Tensor(const torch::Tensor&)>& forward,
+                  const ddp::JoinOptions& options = {}) {
   auto optimizer = make_sgd(model);
-  ddp::Join join(model);
+  ddp::Join join(model, options);
   for (int step = 0; step < batches_of(rank()); ++step) {
     auto [x, y] = uneven_batch(step, rank());
     set_grads_to_none(net);
@@ -266,6 +267,19 @@ bool join_buffers(const std::string& path) {
   ddp_test::init_closed_form(*net);
   ddp::DistributedDataParallel model(net);
   train_uneven(*net, model, [&](const torch::Tensor& x) { return model(x); });
+  return write_result(*net, path);
+}
+
+// join_divide_active: the MLP under Join with
+// divide_by_initial_world_size(false): each step's gradients averaged over
+// the ranks still training.
+bool join_divide_active(const std::string& path) {
+  auto net = ddp_test::make_mlp();
+  ddp_test::init_closed_form(*net);
+  ddp::DistributedDataParallel model(net);
+  train_uneven(
+      *net, model, [&](const torch::Tensor& x) { return model(x); },
+      ddp::JoinOptions().divide_by_initial_world_size(false));
   return write_result(*net, path);
 }
 
@@ -574,6 +588,7 @@ int main(int argc, char** argv) {
       {"no_sync_buffers", no_sync_buffers},
       {"join_buffers", join_buffers},
       {"join_unused", join_unused},
+      {"join_divide_active", join_divide_active},
       {"no_parameters",
        [](const std::string& path) {
          return refused(torch::nn::Sequential(torch::nn::ReLU()), path);
