@@ -23,6 +23,7 @@
 #include <torch/csrc/autograd/custom_function.h>
 #include <torch/nn/modules/embedding.h>
 
+#include <algorithm>
 #include <mutex>
 #include <sstream>
 #include <unordered_set>
@@ -103,6 +104,31 @@ std::unordered_set<const void*> sparse_gradient_weights(torch::nn::Module& modul
 
 // Every rank's parameter list is rank 0's, or every rank raises the same
 // error naming the first difference.
+// options.params_and_buffers_to_ignore as a set, each name checked to be a
+// parameter or buffer of `module`.
+std::unordered_set<std::string> checked_ignored_names(const torch::nn::Module& module,
+                                                      const DistributedDataParallelOptions& options,
+                                                      const std::string& prefix) {
+  std::unordered_set<std::string> ignored(options.params_and_buffers_to_ignore().begin(),
+                                          options.params_and_buffers_to_ignore().end());
+  if (ignored.empty()) {
+    return ignored;
+  }
+  std::unordered_set<std::string> known;
+  for (const auto& item : module.named_parameters(/*recurse=*/true)) {
+    known.insert(item.key());
+  }
+  for (const auto& item : module.named_buffers(/*recurse=*/true)) {
+    known.insert(item.key());
+  }
+  for (const auto& name : options.params_and_buffers_to_ignore()) {
+    DDP_CHECK(known.count(name) > 0, prefix, ": params_and_buffers_to_ignore names '", name,
+              "', which is no parameter or buffer of the module; expected names as named_parameters() "
+              "and named_buffers() give them (\"0.weight\")");
+  }
+  return ignored;
+}
+
 void verify_same_parameters(ProcessGroup& group, const std::vector<std::string>& names,
                             const std::vector<at::Tensor>& tensors,
                             const std::vector<bool>& sparse_gradients, c10::Device device) {
@@ -234,9 +260,10 @@ DistributedDataParallelImpl::DistributedDataParallelImpl(detail::Forwarder forwa
   std::vector<at::Tensor> all_parameters;
   const auto sparse_weights = sparse_gradient_weights(*module_);
   std::unordered_set<const void*> seen;
+  const std::unordered_set<std::string> ignored = checked_ignored_names(*module_, state_->options, prefix);
   for (const auto& item : module_->named_parameters(/*recurse=*/true)) {
     const at::Tensor& p = item.value();
-    if (!seen.insert(p.unsafeGetTensorImpl()).second) {
+    if (!seen.insert(p.unsafeGetTensorImpl()).second || ignored.count(item.key()) > 0) {
       continue;
     }
     DDP_CHECK(!p.is_sparse(), prefix, ": parameter '", item.key(),
@@ -260,7 +287,7 @@ DistributedDataParallelImpl::DistributedDataParallelImpl(detail::Forwarder forwa
               all_parameters.front().device(), "; move the module there before wrapping it");
   }
   for (const auto& item : module_->named_buffers(/*recurse=*/true)) {
-    if (seen.insert(item.value().unsafeGetTensorImpl()).second) {
+    if (seen.insert(item.value().unsafeGetTensorImpl()).second && ignored.count(item.key()) == 0) {
       state_->buffers.push_back(item.value());
     }
   }
@@ -274,7 +301,9 @@ DistributedDataParallelImpl::DistributedDataParallelImpl(detail::Forwarder forwa
   if (!all_parameters.empty()) {
     state_->device = all_parameters.front().device();
   }
-  verify_same_parameters(*state_->group, names, parameters, sparse_gradients, state_->device);
+  if (state_->options.init_sync()) {
+    verify_same_parameters(*state_->group, names, parameters, sparse_gradients, state_->device);
+  }
   // After the check, so that every rank (holding the same model) raises.
   DDP_CHECK(!parameters.empty(), prefix,
             ": the module has no parameter that requires a gradient (",
@@ -295,9 +324,9 @@ DistributedDataParallelImpl::DistributedDataParallelImpl(detail::Forwarder forwa
               ". Only the Gloo backend reduces sparse gradients: create the group with "
               "Backend::kGloo, or construct the module with sparse(false)");
   }
-  std::vector<at::Tensor> state = all_parameters;
-  state.insert(state.end(), state_->buffers.begin(), state_->buffers.end());
-  {
+  if (state_->options.init_sync()) {
+    std::vector<at::Tensor> state = all_parameters;
+    state.insert(state.end(), state_->buffers.begin(), state_->buffers.end());
     internal::CollectiveLabel label("DDP construction: rank 0's parameters and buffers");
     internal::broadcast_coalesced(*state_->group, state, 0);
   }
@@ -437,8 +466,13 @@ std::vector<BucketInsight> DistributedDataParallelImpl::bucket_layout() const {
 double DistributedDataParallelImpl::max_parameter_difference_across_ranks() {
   at::NoGradGuard no_grad;
   std::vector<at::Tensor> flat;
-  for (const auto& p : module_->parameters()) {
-    flat.push_back(p.detach().reshape({-1}).to(at::kDouble));
+  const auto& ignored = state_->options.params_and_buffers_to_ignore();
+  for (const auto& item : module_->named_parameters(/*recurse=*/true)) {
+    if (std::find(ignored.begin(), ignored.end(), item.key()) != ignored.end()) {
+      continue; // each rank keeps its own
+    }
+    const at::Tensor p = item.value().detach();
+    flat.push_back((p.is_complex() ? at::view_as_real(p) : p).reshape({-1}).to(at::kDouble));
   }
   if (flat.empty() || state_->group->size() == 1) {
     return 0.0;

@@ -439,7 +439,7 @@ void broadcast_buffers(Report& report, bool broadcast) {
 }
 
 void construction_broadcast(Report& report) {
-  report.begin_case("construction broadcasts rank 0's parameters");
+  report.begin_case("construction broadcasts rank 0's parameters (not with init_sync(false), nor ignored ones)");
   auto group = ddp::default_process_group();
   torch::manual_seed(1000 + group->rank()); // a different random init on every rank
   auto net = ddp_test::make_mlp();
@@ -454,6 +454,42 @@ void construction_broadcast(Report& report) {
   report.expect(model->max_parameter_difference_across_ranks() == 0,
                 "max_parameter_difference_across_ranks() is not 0 after construction");
   report.note("difference before " + std::to_string(before) + ", after " + std::to_string(after));
+
+  // init_sync(false): nothing is broadcast, each rank keeps its own values.
+  auto own = ddp_test::make_mlp();
+  const double own_before = ddp_test::max_difference_from_rank0(*group, own->parameters());
+  ddp::DistributedDataParallel unsynced(own, ddp::DistributedDataParallelOptions().init_sync(false));
+  report.expect(ddp_test::max_difference_from_rank0(*group, own->parameters()) == own_before,
+                "init_sync(false) changed the parameters");
+
+  // params_and_buffers_to_ignore: the first Linear is neither broadcast nor
+  // reduced; the rest is both.
+  auto partly = ddp_test::make_mlp();
+  const auto first = partly->named_parameters()["0.weight"].clone();
+  ddp::DistributedDataParallel ignoring(
+      partly, ddp::DistributedDataParallelOptions().params_and_buffers_to_ignore({"0.weight", "0.bias"}));
+  report.expect(torch::equal(partly->named_parameters()["0.weight"], first),
+                "an ignored parameter was broadcast at construction");
+  auto [x, y] = ddp_test::rank_batch(0, group->rank(), group->size());
+  torch::mse_loss(ignoring(x), y).backward();
+  std::vector<at::Tensor> ignored_grads = {partly->named_parameters()["0.weight"].grad()};
+  std::vector<at::Tensor> reduced_grads = {partly->named_parameters()["2.weight"].grad()};
+  if (group->size() > 1) {
+    report.expect(ddp_test::max_difference_from_rank0(*group, ignored_grads) > 0,
+                  "an ignored parameter's gradient was reduced");
+  }
+  report.expect(ddp_test::max_difference_from_rank0(*group, reduced_grads) == 0,
+                "a parameter not ignored has another gradient than rank 0's");
+  report.expect(ignoring->max_parameter_difference_across_ranks() == 0,
+                "max_parameter_difference_across_ranks counts the ignored parameters");
+  try {
+    ddp::DistributedDataParallel wrong(ddp_test::make_mlp(),
+                                       ddp::DistributedDataParallelOptions().params_and_buffers_to_ignore({"9.weight"}));
+    report.expect(false, "an unknown name in params_and_buffers_to_ignore was accepted");
+  } catch (const c10::Error& e) {
+    report.expect(std::string(e.what()).find("params_and_buffers_to_ignore names '9.weight'") != std::string::npos,
+                  std::string("unclear error: ") + e.what());
+  }
   report.end_case();
 }
 

@@ -672,6 +672,9 @@ def main():
     join_buffers(prefix + ".join_buffers.txt")
     join_unused(prefix + ".join_unused.txt")
     join_divide_active(prefix + ".join_divide_active.txt")
+    ignored = make_mlp()  # the first Linear left alone: trained on each rank's own batches
+    nn.parallel.DistributedDataParallel._set_params_and_buffers_to_ignore_for_model(ignored, ["0.weight", "0.bias"])
+    train_and_write(ignored, {}, prefix + ".ignored_params.txt")
     refused(lambda: nn.Sequential(nn.ReLU()), prefix + ".no_parameters.txt")
     refused(frozen_mlp, prefix + ".frozen.txt")
     two_forwards(prefix + ".two_forwards.txt")

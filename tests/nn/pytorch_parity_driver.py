@@ -46,6 +46,7 @@ TRAINED = (
     "join_buffers",     # BatchNorm under Join: broadcast from the highest training rank
     "join_unused",      # Join: a joined rank's last usage map counts
     "join_divide_active",  # Join, divide_by_initial_world_size=False: the mean over the ranks training
+    "ignored_params",   # params_and_buffers_to_ignore: the first Linear neither broadcast nor reduced
     "two_forwards",     # two forwards of a BatchNorm model before one backward
     "embedding",        # sparse gradients: an Embedding(sparse=True), Gloo's sparse allreduce
     "embedding_bag",    # sparse gradients: an EmbeddingBag(sparse=True)

@@ -18,7 +18,8 @@
 // reference's order: mlp, powersgd_rank1, powersgd_rank2,
 // powersgd_same_shape, batched_powersgd, post_local_sgd,
 // post_local_sgd_optimizer, branch,
-// unused_output, no_sync_buffers, join_buffers, join_unused, join_divide_active, no_parameters,
+// unused_output, no_sync_buffers, join_buffers, join_unused, join_divide_active,
+// ignored_params, no_parameters,
 // frozen, two_forwards, embedding, embedding_bag, sync_batch_norm,
 // sync_batch_norm_uneven, static_twice, static_unused, static_join,
 // zero_adam, zero_sgd_groups, complex_params.
@@ -589,6 +590,12 @@ int main(int argc, char** argv) {
       {"join_buffers", join_buffers},
       {"join_unused", join_unused},
       {"join_divide_active", join_divide_active},
+      {"ignored_params",
+       [](const std::string& path) {
+         return train_and_write(ddp_test::make_mlp(),
+                                ddp::DistributedDataParallelOptions().params_and_buffers_to_ignore({"0.weight", "0.bias"}),
+                                path);
+       }},
       {"no_parameters",
        [](const std::string& path) {
          return refused(torch::nn::Sequential(torch::nn::ReLU()), path);

@@ -98,6 +98,20 @@ struct DistributedDataParallelOptions {
   /// The devices of this process's replica, as in PyTorch: empty, or exactly
   /// one device, which must be the device of every parameter. Default: {}.
   TORCH_ARG(std::vector<c10::Device>, device_ids) = {};
+  /// Agree on the model across ranks and broadcast rank 0's parameters and
+  /// buffers at construction, as PyTorch's `init_sync`. false skips both:
+  /// every rank must then start from the same values itself (a model
+  /// loaded from one checkpoint everywhere). Default: true.
+  TORCH_ARG(bool, init_sync) = true;
+  /// Parameters and buffers that DDP leaves alone, by their names in the
+  /// module (as `named_parameters()` and `named_buffers()` give them:
+  /// "0.weight"), as PyTorch's
+  /// `DistributedDataParallel._set_params_and_buffers_to_ignore_for_model`:
+  /// their gradients are not reduced (each rank keeps its own), and they
+  /// are neither compared across ranks nor broadcast, at construction or
+  /// before a forward. A name that is no parameter or buffer of the module
+  /// is an error naming it. Default: {}.
+  TORCH_ARG(std::vector<std::string>, params_and_buffers_to_ignore) = {};
 };
 
 /// RAII guard of `no_sync()`: while it lives, backward accumulates gradients
@@ -240,7 +254,8 @@ class DistributedDataParallelImpl : public torch::nn::Module {
 
   /// Checks that every rank holds the same parameters right now (values, not
   /// only shapes): a collective that returns the largest absolute difference
-  /// from rank 0 over all parameters, 0 when they agree. A debugging aid.
+  /// from rank 0 over all parameters (but those of
+  /// params_and_buffers_to_ignore), 0 when they agree. A debugging aid.
   double max_parameter_difference_across_ranks();
 
  private:
